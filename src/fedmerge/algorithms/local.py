@@ -1,0 +1,47 @@
+"""Local: every client trains its own model on its own data; nothing is communicated.
+
+All clients start from the same initial weights as the federated methods, so Local vs FedAvg
+compares training regimes, not initialisations.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from fedmerge.core.algorithm import ALGORITHMS, Algorithm, AlgorithmConfig, ClientContext, ClientDataLike, StateDict
+from fedmerge.core.training import local_sgd
+from fedmerge.core.types import ClientState, Payload, ServerState, Update
+
+from .base import load_weights, model_weights
+
+
+class LocalConfig(AlgorithmConfig):
+    name: Literal["local"] = "local"
+
+
+@ALGORITHMS.register("local", config=LocalConfig, description="Local: each client trains alone, no communication")
+class Local(Algorithm):
+    name = "local"
+
+    def init_server_state(self) -> ServerState:
+        return ServerState()
+
+    def init_client_state(self, cid: int) -> ClientState:
+        return ClientState(self.initial_weights())
+
+    def configure(self, state: ServerState, rnd: int, selected: list[int]) -> dict[int, Payload]:
+        return {cid: Payload(meta={"round": rnd}) for cid in selected}
+
+    def client_update(
+        self, payload: Payload, data: ClientDataLike, state: ClientState, ctx: ClientContext
+    ) -> tuple[Update, ClientState]:
+        load_weights(ctx, state.tensors)
+        stats = local_sgd(ctx.model, data.x_train, data.y_train, self.config, ctx.generator("train"))
+        meta = {"num_examples": int(data.y_train.shape[0]), "train_loss": stats.loss, "steps": stats.steps}
+        return Update(meta=meta), ClientState(model_weights(ctx), dict(state.meta))
+
+    def aggregate(self, state: ServerState, rnd: int, updates: dict[int, Update]) -> ServerState:
+        return state
+
+    def personalize(self, payload: Payload, data: ClientDataLike, state: ClientState, ctx: ClientContext) -> StateDict:
+        return state.tensors

@@ -1,0 +1,144 @@
+"""The ``fedmerge`` command."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Personalized federated learning by model merging.")
+out = Console()
+err = Console(stderr=True)
+
+
+def _fail(message: str, code: int) -> None:
+    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def _split_args(args: list[str] | None) -> tuple[str | None, list[str]]:
+    """``[CONFIG] [key=value ...]``: the first argument is a config file unless it contains '='."""
+    args = list(args or [])
+    if args and "=" not in args[0]:
+        return args[0], args[1:]
+    return None, args
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    from fedmerge.data import DataUnavailable
+    from fedmerge.experiment.config import ConfigError
+
+    return ConfigError, DataUnavailable
+
+
+@app.command()
+def run(
+    args: list[str] = typer.Argument(None, help="[CONFIG.yaml] [key.path=value ...]"),
+    resume: Path | None = typer.Option(None, "--resume", help="continue the run in this folder"),
+    device: str | None = typer.Option(None, "--device", help="cpu, cuda, cuda:N or auto"),
+    data_dir: str | None = typer.Option(None, "--data-dir", help="folder holding the dataset files"),
+    out_dir: str | None = typer.Option(None, "--output-dir", help="where run folders are created"),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="live progress display"),
+) -> None:
+    """Run an experiment (the built-in FedAvg on UCI digits when no config is given)."""
+    from fedmerge.core.checkpoint import CheckpointError
+    from fedmerge.experiment.runner import run_from_files
+
+    config_path, overrides = _split_args(args)
+    if device:
+        overrides.append(f"device={device}")
+    if data_dir:
+        overrides.append(f"dataset.data_dir={data_dir}")
+    if out_dir:
+        overrides.append(f"output_dir={out_dir}")
+    try:
+        result = run_from_files(
+            config_path, overrides, resume_dir=str(resume) if resume else None, show_progress=progress
+        )
+    except _user_errors() as exc:
+        _fail(str(exc), 2)
+    except CheckpointError as exc:
+        _fail(str(exc), 1)
+    except KeyboardInterrupt:
+        _fail("interrupted; continue with: fedmerge run --resume RUN_DIR", 130)
+    print_summary(result.summary)
+    out.print(f"results in [bold]{result.run_dir}[/]")
+
+
+def print_summary(summary: dict[str, Any]) -> None:
+    table = Table(title=f"{summary.get('algorithm')} on {summary.get('dataset')} ({summary.get('num_clients')} clients)")
+    for col in ("selection", "round", "metric", "mean", "weighted", "std", "worst 10%"):
+        table.add_column(col, justify="right" if col not in ("selection", "metric") else "left")
+    for label in ("last", "best_val"):
+        part = summary.get(label)
+        if not part:
+            continue
+        for key in ("test_acc", "test_top5", "test_nll", "test_ece", "test_mce"):
+            s = part["clients"].get(key)
+            if s:
+                table.add_row(
+                    label, str(part["round"]), key, f"{s['mean']:.4f}", f"{s['weighted_mean']:.4f}",
+                    f"{s['std']:.4f}", f"{s['worst10']:.4f}",
+                )
+        if part.get("global"):
+            table.add_row(label, str(part["round"]), "global test_acc", f"{part['global']['test_acc']:.4f}", "", "", "")
+    out.print(table)
+    comm = summary.get("communication_per_client_per_round")
+    params = summary.get("parameters", {})
+    if comm:
+        out.print(
+            f"parameters: model {params.get('model', 0):,.0f}, server {params.get('server_state', 0):,.0f}, "
+            f"per client state {params.get('client_state_mean', 0):,.0f}; "
+            f"communicated per client per round: down {comm['down']:,.0f}, up {comm['up']:,.0f}"
+        )
+
+
+@app.command("list")
+def list_components() -> None:
+    """Show the registered algorithms, datasets, partitioners and models."""
+    from fedmerge.algorithms import ALGORITHMS
+    from fedmerge.data import DATASETS, PARTITIONERS
+    from fedmerge.models import MODELS
+
+    for registry in (ALGORITHMS, DATASETS, PARTITIONERS, MODELS):
+        table = Table(title=f"{registry.kind}s", show_header=False, title_justify="left")
+        table.add_column("name", style="bold")
+        table.add_column("description")
+        for entry in registry.entries():
+            table.add_row(entry.name, entry.description)
+        out.print(table)
+
+
+@app.command()
+def partition(
+    args: list[str] = typer.Argument(None, help="[CONFIG.yaml] [key.path=value ...]"),
+    plot: Path | None = typer.Option(None, "--plot", help="save a per-client class histogram (PNG)"),
+) -> None:
+    """Print (and optionally plot) how a config splits the data among clients."""
+    from fedmerge.experiment.config import load_config
+    from fedmerge.experiment.runner import load_data
+
+    config_path, overrides = _split_args(args)
+    try:
+        data = load_data(load_config(config_path, overrides))
+    except _user_errors() as exc:
+        _fail(str(exc), 2)
+    out.print(data.summary_table(), highlight=False)
+    if plot is not None:
+        data.plot_summary(plot)
+        out.print(f"plot saved to {plot}")
+
+
+def main() -> None:
+    try:
+        app()
+    except BrokenPipeError:  # e.g. `fedmerge list | head`
+        sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,106 @@
+"""The Algorithm protocol: four pure functions between plain-data records.
+
+    payloads = algorithm.configure(server_state, round, selected)          # server
+    update, client_state = algorithm.client_update(payload, data, client_state, ctx)   # client
+    server_state = algorithm.aggregate(server_state, round, updates)       # server
+    weights = algorithm.personalize(eval_payload, data, client_state, ctx)  # client, for evaluation
+
+Evaluation is split the same way as training (``configure_evaluate`` on the server,
+``personalize`` on the client) because a personalised model may need the client's data (e.g.
+fine-tuning) and, on a distributed engine, only the client has it.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import ClassVar, Protocol
+
+import torch
+from torch import nn
+
+from .registry import ComponentConfig, Registry
+from .seeding import torch_generator
+from .training import LocalTraining
+from .types import ClientState, Payload, ServerState, Update
+
+StateDict = dict[str, torch.Tensor]
+ModelFactory = Callable[[torch.Generator], nn.Module]
+
+
+class ClientDataLike(Protocol):
+    """What an algorithm may read of a client's data (``fedmerge.data.ClientData`` fits)."""
+
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    x_val: torch.Tensor
+    y_val: torch.Tensor
+
+
+class AlgorithmConfig(ComponentConfig, LocalTraining):
+    """Base of algorithm configs: the component name plus local-training hyper-parameters."""
+
+
+@dataclass
+class ClientContext:
+    """What the engine gives a client update besides its data and state."""
+
+    model: nn.Module  # one reused model object; load weights into it, never keep it
+    device: torch.device
+    seed: int
+    round: int
+    cid: int
+
+    def generator(self, purpose: str) -> torch.Generator:
+        return torch_generator(self.seed, self.round, self.cid, purpose)
+
+
+class Algorithm(ABC):
+    """A federated method. Subclasses are registered in ``ALGORITHMS`` with a typed config."""
+
+    name: ClassVar[str]
+
+    def __init__(self, config: AlgorithmConfig, model_factory: ModelFactory, num_clients: int, seed: int) -> None:
+        self.config = config
+        self.model_factory = model_factory
+        self.num_clients = num_clients
+        self.seed = seed
+
+    # --- server side -------------------------------------------------------------------
+    @abstractmethod
+    def init_server_state(self) -> ServerState: ...
+
+    @abstractmethod
+    def configure(self, state: ServerState, rnd: int, selected: list[int]) -> dict[int, Payload]: ...
+
+    @abstractmethod
+    def aggregate(self, state: ServerState, rnd: int, updates: dict[int, Update]) -> ServerState: ...
+
+    def configure_evaluate(self, state: ServerState, rnd: int, cids: list[int]) -> dict[int, Payload]:
+        return self.configure(state, rnd, cids)
+
+    def global_model(self, state: ServerState) -> StateDict | None:
+        """Weights of a single global model, if the method has one (for the pooled test)."""
+        return None
+
+    # --- client side -------------------------------------------------------------------
+    def init_client_state(self, cid: int) -> ClientState:
+        return ClientState()
+
+    @abstractmethod
+    def client_update(
+        self, payload: Payload, data: ClientDataLike, state: ClientState, ctx: ClientContext
+    ) -> tuple[Update, ClientState]: ...
+
+    @abstractmethod
+    def personalize(self, payload: Payload, data: ClientDataLike, state: ClientState, ctx: ClientContext) -> StateDict:
+        """The weights client ``ctx.cid`` is evaluated with. Must not change ``state``."""
+
+    # --- helpers ---------------------------------------------------------------------
+    def initial_weights(self, purpose: str = "init", cid: int = -1) -> StateDict:
+        model = self.model_factory(torch_generator(self.seed, -1, cid, purpose))
+        return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+ALGORITHMS: Registry[type[Algorithm]] = Registry("algorithm")

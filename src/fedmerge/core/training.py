@@ -1,0 +1,123 @@
+"""The one local-training routine every algorithm reuses, plus batched prediction.
+
+Methods that differ only by a loss term (FedProx, Ditto, SuPerFed...) pass ``extra_loss``;
+methods that alter gradients before the step (SCAFFOLD) pass ``before_step``. No algorithm
+writes its own epoch/batch loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+from torch import nn
+from torch.nn import functional as F
+
+
+class LocalTraining(BaseModel):
+    """Local optimisation hyper-parameters (embedded in algorithm configs)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    lr: float = Field(0.05, gt=0)
+    local_epochs: int = Field(1, ge=1)
+    local_steps: int | None = Field(None, ge=1, description="if set, a fixed number of minibatch steps")
+    batch_size: int = Field(32, ge=1)
+    momentum: float = Field(0.0, ge=0, lt=1)
+    weight_decay: float = Field(0.0, ge=0)
+
+
+@dataclass
+class TrainStats:
+    loss: float  # mean training loss over the steps taken (task loss, without extra terms)
+    steps: int
+    samples: int
+
+
+ExtraLoss = Callable[[nn.Module], torch.Tensor]
+BeforeStep = Callable[[nn.Module], None]
+
+
+def batch_slices(n: int, batch_size: int) -> list[slice]:
+    """Contiguous batch slices over a permutation; a trailing batch of 1 is merged into the
+    previous one (BatchNorm cannot train on a single sample)."""
+    bounds = list(range(0, n, batch_size)) + [n]
+    if len(bounds) > 2 and bounds[-1] - bounds[-2] == 1:
+        bounds.pop(-2)
+    return [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def iterate_minibatches(
+    n: int, batch_size: int, generator: torch.Generator, epochs: int, max_steps: int | None
+) -> Iterable[torch.Tensor]:
+    """Index batches: a fresh permutation each epoch, stopping after ``max_steps`` if given."""
+    steps = 0
+    while True:
+        perm = torch.randperm(n, generator=generator)
+        for sl in batch_slices(n, batch_size):
+            yield perm[sl]
+            steps += 1
+            if max_steps is not None and steps >= max_steps:
+                return
+        epochs -= 1
+        if max_steps is None and epochs <= 0:
+            return
+
+
+def local_sgd(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    cfg: LocalTraining,
+    generator: torch.Generator,
+    *,
+    params: Iterable[nn.Parameter] | None = None,
+    extra_loss: ExtraLoss | None = None,
+    before_step: BeforeStep | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
+) -> TrainStats:
+    """Train ``model`` in place with minibatch SGD on (x, y).
+
+    ``params`` restricts which parameters are optimised (others still get no update). A fresh
+    SGD optimiser is built per call, as in the reference implementations, unless one is given
+    (for methods that keep optimiser state across rounds in their ClientState).
+    """
+    model.train()
+    if optimizer is None:
+        trainable = [p for p in (model.parameters() if params is None else params) if p.requires_grad]
+        optimizer = torch.optim.SGD(trainable, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    n = int(y.shape[0])
+    if n == 0:
+        return TrainStats(loss=float("nan"), steps=0, samples=0)
+    total_loss = torch.zeros((), dtype=torch.float64)
+    steps = samples = 0
+    for idx in iterate_minibatches(n, cfg.batch_size, generator, cfg.local_epochs, cfg.local_steps):
+        idx = idx.to(x.device)
+        xb, yb = x[idx], y[idx]
+        optimizer.zero_grad(set_to_none=True)
+        task_loss = F.cross_entropy(model(xb), yb)
+        loss = task_loss if extra_loss is None else task_loss + extra_loss(model)
+        loss.backward()
+        if before_step is not None:
+            before_step(model)
+        optimizer.step()
+        total_loss += task_loss.detach().double().cpu()
+        steps += 1
+        samples += int(yb.shape[0])
+    return TrainStats(loss=float(total_loss / max(steps, 1)), steps=steps, samples=samples)
+
+
+@torch.no_grad()
+def predict_logits(model: nn.Module, x: torch.Tensor, batch_size: int = 1024) -> torch.Tensor:
+    model.eval()
+    if x.shape[0] == 0:
+        return torch.empty(0)
+    return torch.cat([model(x[i : i + batch_size]) for i in range(0, x.shape[0], batch_size)])
+
+
+def mean_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 1024) -> float:
+    """Cross-entropy of ``model`` on (x, y) in eval mode (e.g. the loss of a received model)."""
+    logits = predict_logits(model, x, batch_size)
+    return float(F.cross_entropy(logits, y)) if y.numel() else float("nan")

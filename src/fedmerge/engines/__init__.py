@@ -1,0 +1,1 @@
+"""Execution engines: where client work runs. ``local`` is in-process and sequential."""

@@ -1,0 +1,1 @@
+"""Experiment layer: validated config, runner, results store, reports."""
