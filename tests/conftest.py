@@ -1,9 +1,12 @@
 import os
 
 import pytest
+import torch
 
-# Tests run on CPU with few threads so that timings and results do not depend on the machine.
-os.environ.setdefault("OMP_NUM_THREADS", "2")
+# Tests use tiny models, for which one intra-op thread is fastest and immune to oversubscription
+# (two cores shared with other processes make OpenMP spin-waits very slow). Subprocesses inherit it.
+os.environ["OMP_NUM_THREADS"] = "1"
+torch.set_num_threads(1)
 
 FASHION_DIR = "/usr/share/datasets/fashion-mnist"
 

@@ -17,7 +17,10 @@ def test_round_trip_and_rotation(tmp_path):
     server, clients = _states()
     for rnd in (1, 2, 3):
         save_checkpoint(tmp_path, rnd, server, clients, {"digest": "abc"}, keep=2)
-    assert sorted(p.name for p in tmp_path.glob("round-*")) == ["round-000002.safetensors", "round-000003.safetensors"]
+    assert sorted(p.name for p in tmp_path.glob("round-*")) == [
+        "round-000002.safetensors",
+        "round-000003.safetensors",
+    ]
     ck = load_checkpoint(tmp_path)
     assert ck.round == 3 and ck.meta == {"digest": "abc"}
     assert torch.equal(ck.server_state.tensors["w"], server.tensors["w"]) and ck.server_state.meta == {"k": 1}

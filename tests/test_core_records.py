@@ -48,8 +48,18 @@ def test_flatten_unflatten_inverse():
 def test_seeds_depend_on_every_key_part_and_are_stable():
     base = derive_seed(1, 2, 3, "train")
     assert base == derive_seed(1, 2, 3, "train")
-    assert len({base, derive_seed(2, 2, 3, "train"), derive_seed(1, 3, 3, "train"), derive_seed(1, 2, 4, "train"),
-                derive_seed(1, 2, 3, "eval")}) == 5
+    assert (
+        len(
+            {
+                base,
+                derive_seed(2, 2, 3, "train"),
+                derive_seed(1, 3, 3, "train"),
+                derive_seed(1, 2, 4, "train"),
+                derive_seed(1, 2, 3, "eval"),
+            }
+        )
+        == 5
+    )
     a = torch.rand(4, generator=torch_generator(0, 1, 2, "x"))
     b = torch.rand(4, generator=torch_generator(0, 1, 2, "x"))
     assert torch.equal(a, b)

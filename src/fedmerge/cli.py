@@ -70,7 +70,9 @@ def run(
 
 
 def print_summary(summary: dict[str, Any]) -> None:
-    table = Table(title=f"{summary.get('algorithm')} on {summary.get('dataset')} ({summary.get('num_clients')} clients)")
+    table = Table(
+        title=f"{summary.get('algorithm')} on {summary.get('dataset')} ({summary.get('num_clients')} clients)"
+    )
     for col in ("selection", "round", "metric", "mean", "weighted", "std", "worst 10%"):
         table.add_column(col, justify="right" if col not in ("selection", "metric") else "left")
     for label in ("last", "best_val"):
@@ -81,8 +83,13 @@ def print_summary(summary: dict[str, Any]) -> None:
             s = part["clients"].get(key)
             if s:
                 table.add_row(
-                    label, str(part["round"]), key, f"{s['mean']:.4f}", f"{s['weighted_mean']:.4f}",
-                    f"{s['std']:.4f}", f"{s['worst10']:.4f}",
+                    label,
+                    str(part["round"]),
+                    key,
+                    f"{s['mean']:.4f}",
+                    f"{s['weighted_mean']:.4f}",
+                    f"{s['std']:.4f}",
+                    f"{s['worst10']:.4f}",
                 )
         if part.get("global"):
             table.add_row(label, str(part["round"]), "global test_acc", f"{part['global']['test_acc']:.4f}", "", "", "")

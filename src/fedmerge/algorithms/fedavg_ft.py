@@ -24,7 +24,9 @@ class FedAvgFTConfig(AlgorithmConfig):
 
 
 @ALGORITHMS.register(
-    "fedavg_ft", config=FedAvgFTConfig, description="FedAvg+: FedAvg, then k epochs of local fine-tuning per client"
+    "fedavg_ft",
+    config=FedAvgFTConfig,
+    description="FedAvg+: FedAvg, then k epochs of local fine-tuning per client",
 )
 class FedAvgFT(GlobalModelAlgorithm):
     name = "fedavg_ft"

@@ -29,7 +29,9 @@ def proximal_term(mu: float, anchor: dict[str, torch.Tensor]) -> ExtraLoss:
     return term
 
 
-@ALGORITHMS.register("fedprox", config=FedProxConfig, description="FedProx: FedAvg with a proximal term to the global model")
+@ALGORITHMS.register(
+    "fedprox", config=FedProxConfig, description="FedProx: FedAvg with a proximal term to the global model"
+)
 class FedProx(GlobalModelAlgorithm):
     name = "fedprox"
 

@@ -8,7 +8,14 @@ from __future__ import annotations
 
 from typing import Literal
 
-from fedmerge.core.algorithm import ALGORITHMS, Algorithm, AlgorithmConfig, ClientContext, ClientDataLike, StateDict
+from fedmerge.core.algorithm import (
+    ALGORITHMS,
+    Algorithm,
+    AlgorithmConfig,
+    ClientContext,
+    ClientDataLike,
+    StateDict,
+)
 from fedmerge.core.training import local_sgd
 from fedmerge.core.types import ClientState, Payload, ServerState, Update
 

@@ -122,9 +122,7 @@ def load_checkpoint(folder: Path) -> Checkpoint:
     if int(record.meta["round"]) != round_idx:
         raise CheckpointError(f"checkpoint {path} holds round {record.meta['round']}, {LATEST} says {round_idx}")
     server = ServerState(meta=record.meta["server_meta"])
-    clients: dict[int, ClientState] = {
-        int(cid): ClientState(meta=m) for cid, m in record.meta["client_meta"].items()
-    }
+    clients: dict[int, ClientState] = {int(cid): ClientState(meta=m) for cid, m in record.meta["client_meta"].items()}
     for key, value in record.tensors.items():
         scope, _, rest = key.partition("/")
         if scope == "server":

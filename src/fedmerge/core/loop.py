@@ -57,7 +57,10 @@ def evaluate_all(algorithm: Algorithm, engine: Engine, state: ServerState, rnd: 
     """Per-client personalised metrics for every client, plus the global model's pooled test."""
     cids = list(range(num_clients))
     per_client = engine.evaluate(algorithm, rnd, algorithm.configure_evaluate(state, rnd, cids))
-    return {"clients": {int(c): m for c, m in sorted(per_client.items())}, "global": engine.evaluate_global(algorithm, state)}
+    return {
+        "clients": {int(c): m for c, m in sorted(per_client.items())},
+        "global": engine.evaluate_global(algorithm, state),
+    }
 
 
 def run_rounds(

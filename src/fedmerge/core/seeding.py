@@ -23,7 +23,11 @@ def derive_seed(root_seed: int, round_idx: int = NO_ROUND, client_id: int = NO_C
 
 
 def torch_generator(
-    root_seed: int, round_idx: int = NO_ROUND, client_id: int = NO_CLIENT, purpose: str = "", device: str = "cpu"
+    root_seed: int,
+    round_idx: int = NO_ROUND,
+    client_id: int = NO_CLIENT,
+    purpose: str = "",
+    device: str = "cpu",
 ) -> torch.Generator:
     gen = torch.Generator(device=device)
     gen.manual_seed(derive_seed(root_seed, round_idx, client_id, purpose))

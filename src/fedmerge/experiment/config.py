@@ -49,6 +49,11 @@ class RunSettings(BaseModel):
     device: str = Field("cpu", pattern=r"^(cpu|cuda(:\d+)?|mps|auto)$")
     output_dir: str = "runs"
     eval_batch_size: int = Field(1024, ge=1)
+    threads: int | None = Field(
+        None,
+        ge=1,
+        description="torch intra-op CPU threads (None: torch's default); 1 is fastest for tiny models",
+    )
 
 
 @cache
@@ -95,7 +100,12 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return data
 
 
-_COMPONENT_SECTIONS = {"algorithm": ALGORITHMS, "dataset": DATASETS, "partition": PARTITIONERS, "model": MODELS}
+_COMPONENT_SECTIONS = {
+    "algorithm": ALGORITHMS,
+    "dataset": DATASETS,
+    "partition": PARTITIONERS,
+    "model": MODELS,
+}
 
 
 def _switch_component(section: str, node: dict[str, Any], new_name: Any) -> None:

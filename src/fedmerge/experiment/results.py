@@ -1,9 +1,9 @@
 """The results folder of one run.
 
-    RUN_DIR/config.yaml        the resolved, validated config
-    RUN_DIR/metrics.jsonl      one JSON object per completed round
-    RUN_DIR/summary.json       final figures (also summary.md, a table)
-    RUN_DIR/checkpoints/       atomic checksummed checkpoints (see fedmerge.core.checkpoint)
+RUN_DIR/config.yaml        the resolved, validated config
+RUN_DIR/metrics.jsonl      one JSON object per completed round
+RUN_DIR/summary.json       final figures (also summary.md, a table)
+RUN_DIR/checkpoints/       atomic checksummed checkpoints (see fedmerge.core.checkpoint)
 """
 
 from __future__ import annotations

@@ -68,6 +68,8 @@ def run_experiment(
 ) -> RunResult:
     """Run (or resume) ``cfg``. ``stop_after`` ends after that round, as a crash would (tests)."""
     device = resolve_device(cfg.device)
+    if cfg.threads is not None:
+        torch.set_num_threads(cfg.threads)
     data = load_data(cfg).to(device)
     store = RunStore(run_dir if run_dir is not None else new_run_dir(cfg.output_dir, cfg.name))
 
@@ -78,7 +80,12 @@ def run_experiment(
     algorithm = entry.obj(cfg.algorithm, model_factory, len(data.clients), cfg.seed)
     model = model_factory(torch.Generator().manual_seed(0))
     engine = LocalEngine(
-        data.clients, model, device, cfg.seed, pooled_test=data.pooled_test, eval_batch_size=cfg.eval_batch_size
+        data.clients,
+        model,
+        device,
+        cfg.seed,
+        pooled_test=data.pooled_test,
+        eval_batch_size=cfg.eval_batch_size,
     )
     schedule = Schedule(cfg.rounds, len(data.clients), cfg.participation, cfg.eval_every, cfg.seed)
 
@@ -171,7 +178,11 @@ def _progress_text(record: dict[str, Any]) -> str:
 
 
 def run_from_files(
-    config_path: str | None, overrides: list[str], *, resume_dir: str | None = None, show_progress: bool = True
+    config_path: str | None,
+    overrides: list[str],
+    *,
+    resume_dir: str | None = None,
+    show_progress: bool = True,
 ) -> RunResult:
     if resume_dir is not None:
         store = RunStore(resume_dir)

@@ -44,7 +44,11 @@ def build_summary(rows: list[dict[str, Any]], info: dict[str, Any]) -> dict[str,
     if not evals:
         return summary
     last = evals[-1]
-    summary["last"] = {"round": last["round"], "clients": last["summary"], "global": last["eval"].get("global")}
+    summary["last"] = {
+        "round": last["round"],
+        "clients": last["summary"],
+        "global": last["eval"].get("global"),
+    }
     with_val = [r for r in evals if "val_nll" in r["summary"]]
     if with_val:
         best = min(with_val, key=lambda r: (r["summary"]["val_nll"]["mean"], r["round"]))
@@ -79,7 +83,9 @@ def summary_markdown(summary: dict[str, Any]) -> str:
                 )
         glob = part.get("global")
         if glob:
-            lines.append(f"| {label} (global model, pooled test) | {part['round']} | test_acc | {glob['test_acc']:.4f} | | | |")
+            lines.append(
+                f"| {label} (global model, pooled test) | {part['round']} | test_acc | {glob['test_acc']:.4f} | | | |"
+            )
     params = summary.get("parameters")
     if params:
         lines += ["", "| parameters | count |", "|---|---|"]

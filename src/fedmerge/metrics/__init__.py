@@ -1,0 +1,14 @@
+"""Classification metrics on logits and their summaries across clients."""
+
+from .classification import calibration_errors, classification_metrics, nll, topk_accuracy
+from .summary import lower_is_better, summarize, summarize_clients
+
+__all__ = [
+    "calibration_errors",
+    "classification_metrics",
+    "lower_is_better",
+    "nll",
+    "summarize",
+    "summarize_clients",
+    "topk_accuracy",
+]

@@ -1,0 +1,49 @@
+"""Shared test utilities (imported by test modules)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from fedmerge.core.checkpoint import load_checkpoint
+from fedmerge.experiment.config import load_config
+from fedmerge.experiment.results import RunStore
+from fedmerge.experiment.runner import run_experiment
+from fedmerge.experiment.summary import TIMING_KEYS
+
+QUICK = ["rounds=4", "partition.num_clients=6", "algorithm.local_epochs=1"]
+
+
+def quick_config(*overrides: str, output_dir: Path | None = None):
+    extra = [f"output_dir={output_dir}"] if output_dir is not None else []
+    return load_config(None, [*QUICK, *extra, *overrides])
+
+
+def run(cfg, run_dir: Path, **kw):
+    return run_experiment(cfg, run_dir, show_progress=False, **kw)
+
+
+def strip_timing(obj):
+    if isinstance(obj, dict):
+        return {k: strip_timing(v) for k, v in obj.items() if k not in TIMING_KEYS}
+    if isinstance(obj, list):
+        return [strip_timing(v) for v in obj]
+    return obj
+
+
+def assert_runs_identical(dir_a: Path, dir_b: Path) -> None:
+    """Same metrics (every round, every client), same final server and client tensors, bit for bit."""
+    rows_a, rows_b = RunStore(dir_a).read_metrics(), RunStore(dir_b).read_metrics()
+    assert [r["round"] for r in rows_a] == [r["round"] for r in rows_b]
+    assert strip_timing(rows_a) == strip_timing(rows_b)
+    ca, cb = load_checkpoint(Path(dir_a) / "checkpoints"), load_checkpoint(Path(dir_b) / "checkpoints")
+    assert ca.round == cb.round
+    assert ca.server_state.tensors.keys() == cb.server_state.tensors.keys()
+    for k, v in ca.server_state.tensors.items():
+        assert torch.equal(v, cb.server_state.tensors[k]), k
+    assert ca.client_states.keys() == cb.client_states.keys()
+    for cid, cs in ca.client_states.items():
+        assert cs.meta == cb.client_states[cid].meta
+        for k, v in cs.tensors.items():
+            assert torch.equal(v, cb.client_states[cid].tensors[k]), (cid, k)
