@@ -66,7 +66,7 @@ def run(
     except KeyboardInterrupt:
         _fail("interrupted; continue with: fedmerge run --resume RUN_DIR", 130)
     print_summary(result.summary)
-    out.print(f"results in [bold]{result.run_dir}[/]")
+    out.print(f"results in [bold]{result.run_dir}[/]", soft_wrap=True, highlight=False)
 
 
 def print_summary(summary: dict[str, Any]) -> None:
@@ -100,7 +100,8 @@ def print_summary(summary: dict[str, Any]) -> None:
         out.print(
             f"parameters: model {params.get('model', 0):,.0f}, server {params.get('server_state', 0):,.0f}, "
             f"per client state {params.get('client_state_mean', 0):,.0f}; "
-            f"communicated per client per round: down {comm['down']:,.0f}, up {comm['up']:,.0f}"
+            f"communicated per client per round: down {comm['down']:,.0f}, up {comm['up']:,.0f}",
+            soft_wrap=True,
         )
 
 

@@ -83,7 +83,30 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     return key.split("."), value
 
 
+def infer_dataset_name(path: str) -> str | None:
+    """The user-data loader a bare ``dataset.path=...`` most likely means."""
+    lower = path.lower()
+    if lower.endswith(".npz"):
+        return "npz"
+    if lower.endswith((".csv", ".tsv", ".txt")):
+        return "csv"
+    if Path(path).is_dir():
+        return "image_folder"
+    return None
+
+
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    keys = {o.partition("=")[0] for o in overrides}
+    if "dataset.path" in keys and "dataset.name" not in keys:
+        # `fedmerge run dataset.path=my.npz` just works: pick the loader from the file.
+        path = next(o.partition("=")[2] for o in overrides if o.startswith("dataset.path="))
+        section = data.get("dataset") or {}
+        accepts_path = (
+            "path" in DATASETS.get(section["name"]).config.model_fields if section.get("name") in DATASETS else False
+        )
+        inferred = infer_dataset_name(path)
+        if not accepts_path and inferred is not None:
+            overrides = [f"dataset.name={inferred}", *overrides]
     for text in overrides:
         path, value = parse_override(text)
         node = data

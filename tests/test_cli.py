@@ -1,0 +1,71 @@
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from fedmerge.algorithms import ALGORITHMS
+from fedmerge.cli import app
+from fedmerge.data import DATASETS, PARTITIONERS
+from fedmerge.experiment.config import load_config
+from fedmerge.models import MODELS
+
+CONFIGS = sorted((Path(__file__).parent.parent / "configs").glob("*.yaml"))
+
+
+def test_list_shows_every_registered_component():
+    result = CliRunner().invoke(app, ["list"])
+    assert result.exit_code == 0
+    for registry in (ALGORITHMS, DATASETS, PARTITIONERS, MODELS):
+        for entry in registry.entries():
+            assert entry.name in result.output
+    assert "FedProx" in result.output
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_shipped_configs_validate(path):
+    cfg = load_config(path)
+    assert cfg.rounds >= 1
+
+
+def test_default_run_prints_results_table(tmp_path):
+    result = CliRunner().invoke(app, ["run", "rounds=2", f"output_dir={tmp_path}", "--no-progress"])
+    assert result.exit_code == 0, result.output
+    assert "test_acc" in result.output and "best_val" in result.output
+    assert "communicated per client per round" in result.output
+    (run_dir,) = tmp_path.iterdir()
+    assert (run_dir / "summary.md").read_text().count("test_acc") >= 2
+
+
+def test_users_npz_just_works(tmp_path):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(300, 5)).astype(np.float32)
+    y = (x[:, 0] + x[:, 1] > 0).astype(np.int64)
+    np.savez(tmp_path / "my.npz", x=x, y=y, client_id=np.repeat(np.arange(3), 100))
+    result = CliRunner().invoke(
+        app, ["run", f"dataset.path={tmp_path / 'my.npz'}", "rounds=3", f"output_dir={tmp_path}", "--no-progress"]
+    )
+    assert result.exit_code == 0, result.output
+    natural = CliRunner().invoke(
+        app,
+        [
+            "run",
+            f"dataset.path={tmp_path / 'my.npz'}",
+            "partition.name=natural",
+            "partition.num_clients=null",
+            "rounds=3",
+            f"output_dir={tmp_path}",
+            "--no-progress",
+        ],
+    )
+    assert natural.exit_code == 0, natural.output
+    assert "3 clients" in natural.output
+
+
+def test_partition_command_prints_and_plots(tmp_path):
+    png = tmp_path / "parts.png"
+    result = CliRunner().invoke(
+        app, ["partition", "partition.name=shards", "partition.classes_per_client=2", "--plot", str(png)]
+    )
+    assert result.exit_code == 0, result.output
+    assert png.exists() and png.stat().st_size > 1000
