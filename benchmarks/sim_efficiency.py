@@ -26,7 +26,7 @@ from fedmerge.models import MODELS, build_model
 
 def load_samples(n: int) -> tuple[torch.Tensor, torch.Tensor, str]:
     """n Fashion-MNIST images when installed, else UCI digits upsampled to 28x28 (always offline)."""
-    from fedmerge.data import DataUnavailable, DATASETS, load_pool
+    from fedmerge.data import DATASETS, DataUnavailable, load_pool
 
     for name in ("fashion_mnist", "digits"):
         try:
