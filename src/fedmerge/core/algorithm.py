@@ -15,7 +15,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
 import torch
 from torch import nn
@@ -83,6 +83,10 @@ class Algorithm(ABC):
     def global_model(self, state: ServerState) -> StateDict | None:
         """Weights of a single global model, if the method has one (for the pooled test)."""
         return None
+
+    def server_report(self, state: ServerState, rnd: int) -> dict[str, Any]:
+        """JSON-able server-side figures logged at evaluation rounds (e.g. merge weights)."""
+        return {}
 
     # --- client side -------------------------------------------------------------------
     def init_client_state(self, cid: int) -> ClientState:

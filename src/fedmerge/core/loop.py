@@ -91,6 +91,9 @@ def run_rounds(
         if schedule.is_eval_round(rnd):
             t1 = time.perf_counter()
             record["eval"] = evaluate_all(algorithm, engine, state, rnd, schedule.num_clients)
+            report = algorithm.server_report(state, rnd)
+            if report:
+                record["server"] = report
             record["eval_seconds"] = time.perf_counter() - t1
         if on_round_end is not None:
             on_round_end(rnd, state, record)
