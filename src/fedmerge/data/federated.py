@@ -1,0 +1,199 @@
+"""Per-client tensors (FederatedDataset) and the function that builds them from configs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from fedmerge.core.registry import ComponentConfig
+from fedmerge.core.seeding import numpy_rng
+from fedmerge.data.noise import NoiseConfig, apply_label_noise
+from fedmerge.data.partitioners import PARTITIONERS
+from fedmerge.data.pool import load_pool
+from fedmerge.data.split import SplitConfig, split_indices
+from fedmerge.data.transforms import rotate_images
+
+
+@dataclass
+class ClientData:
+    cid: int
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    x_val: torch.Tensor
+    y_val: torch.Tensor
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    group: int | None = None
+    y_train_clean: torch.Tensor | None = None
+
+    @property
+    def n_train(self) -> int:
+        return len(self.y_train)
+
+    @property
+    def n_val(self) -> int:
+        return len(self.y_val)
+
+    @property
+    def n_test(self) -> int:
+        return len(self.y_test)
+
+    def to(self, device: torch.device | str) -> ClientData:
+        moved = {
+            f.name: getattr(self, f.name).to(device)
+            for f in fields(self)
+            if isinstance(getattr(self, f.name), torch.Tensor)
+        }
+        return replace(self, **moved)
+
+
+@dataclass
+class FederatedDataset:
+    clients: list[ClientData]
+    num_classes: int
+    input_shape: tuple[int, ...]
+    name: str
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.clients)
+
+    def to(self, device: torch.device | str) -> FederatedDataset:
+        return replace(self, clients=[c.to(device) for c in self.clients])
+
+    def pooled_test(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.cat([c.x_test for c in self.clients]), torch.cat([c.y_test for c in self.clients])
+
+    def summary(self) -> list[dict]:
+        return [
+            {
+                "cid": c.cid,
+                "n_train": c.n_train,
+                "n_val": c.n_val,
+                "n_test": c.n_test,
+                "classes": sorted(torch.unique(c.y_train).tolist()),
+                "group": c.group,
+            }
+            for c in self.clients
+        ]
+
+    def summary_table(self) -> str:
+        head = f"{'cid':>4} {'group':>5} {'train':>7} {'val':>6} {'test':>6}  classes"
+        rows = [
+            f"{s['cid']:>4} {'-' if s['group'] is None else s['group']:>5} {s['n_train']:>7} {s['n_val']:>6} "
+            f"{s['n_test']:>6}  {compact_ranges(s['classes'])}"
+            for s in self.summary()
+        ]
+        title = f"{self.name}: {self.num_clients} clients, {self.num_classes} classes, input {self.input_shape}"
+        return "\n".join([title, head, *rows])
+
+    def class_counts(self) -> np.ndarray:
+        """``clients x classes`` sample counts over all splits, with the true (clean) train labels."""
+        counts = np.zeros((self.num_clients, self.num_classes), dtype=np.int64)
+        for i, c in enumerate(self.clients):
+            train = c.y_train if c.y_train_clean is None else c.y_train_clean
+            for y in (train, c.y_val, c.y_test):
+                counts[i] += np.bincount(y.cpu().numpy(), minlength=self.num_classes)
+        return counts
+
+    def plot_summary(self, path: str | Path) -> None:
+        """Stacked bar chart of per-client class counts."""
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+
+        # A bare Figure with the Agg canvas: no pyplot, so the caller's global backend is untouched.
+        counts = self.class_counts()
+        fig = Figure(figsize=(max(6.0, 0.25 * self.num_clients + 2), 4.0))
+        FigureCanvasAgg(fig)
+        ax = fig.add_subplot()
+        colors = _class_colors(self.num_classes)
+        bottom = np.zeros(self.num_clients)
+        ids = np.arange(self.num_clients)
+        for k in range(self.num_classes):
+            ax.bar(ids, counts[:, k], bottom=bottom, width=0.85, color=colors[k], label=str(k))
+            bottom += counts[:, k]
+        ax.set_xlabel("client")
+        ax.set_ylabel("samples")
+        ax.set_title(f"{self.name}: samples per client and class")
+        if self.num_classes <= 20:
+            ax.legend(title="class", fontsize="small", ncol=2, bbox_to_anchor=(1.01, 1), loc="upper left")
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+
+
+def _class_colors(num_classes: int) -> list:
+    from matplotlib import colormaps
+
+    if num_classes <= 20:  # qualitative palette: neighbouring classes stay distinguishable
+        palette = colormaps["tab10" if num_classes <= 10 else "tab20"]
+        return [palette(k) for k in range(num_classes)]
+    return [colormaps["viridis"](k / (num_classes - 1)) for k in range(num_classes)]
+
+
+def compact_ranges(values: list[int]) -> str:
+    """[0, 1, 2, 5, 7, 8] -> '0-2,5,7-8'."""
+    parts: list[str] = []
+    i = 0
+    while i < len(values):
+        j = i
+        while j + 1 < len(values) and values[j + 1] == values[j] + 1:
+            j += 1
+        parts.append(str(values[i]) if i == j else f"{values[i]}-{values[j]}")
+        i = j + 1
+    return ",".join(parts)
+
+
+def build_federated_dataset(
+    dataset_cfg: ComponentConfig | dict,
+    partition_cfg: ComponentConfig | dict,
+    split_cfg: SplitConfig,
+    noise_cfg: NoiseConfig,
+    seed: int,
+) -> FederatedDataset:
+    """Load, partition, split each client into train/val/test, and add label noise to train labels.
+
+    Every random step has its own generator keyed by the seed (and client id), so changing, say, the
+    noise does not change the partition or the splits.
+    """
+    pool = load_pool(dataset_cfg)
+    pcfg = PARTITIONERS.parse(partition_cfg) if isinstance(partition_cfg, dict) else partition_cfg
+    partition = PARTITIONERS.get(pcfg.name).obj(pcfg, pool, numpy_rng(seed, purpose="partition"))
+    partition.validate(len(pool))
+
+    x_pool = torch.from_numpy(np.ascontiguousarray(pool.x))
+    x_pool = x_pool.float() if x_pool.is_floating_point() else x_pool.long()
+    clients = []
+    for cid, idx in enumerate(partition.indices):
+        idx = np.asarray(idx, dtype=np.int64)
+        x = x_pool[torch.from_numpy(idx)]
+        if partition.rotations is not None and partition.rotations[cid] % 360:
+            x = rotate_images(x, partition.rotations[cid])
+        y = pool.y[idx]
+        train, val, test = split_indices(y, split_cfg, numpy_rng(seed, client_id=cid, purpose="split"))
+        y_train, y_clean = apply_label_noise(
+            y[train], noise_cfg, pool.num_classes, numpy_rng(seed, client_id=cid, purpose="noise")
+        )
+
+        def labels(a: np.ndarray) -> torch.Tensor:
+            return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64))
+
+        def rows(pos: np.ndarray, x: torch.Tensor = x) -> torch.Tensor:
+            return x[torch.from_numpy(pos)].contiguous()
+
+        clients.append(
+            ClientData(
+                cid=cid,
+                x_train=rows(train),
+                y_train=labels(y_train),
+                x_val=rows(val),
+                y_val=labels(y[val]),
+                x_test=rows(test),
+                y_test=labels(y[test]),
+                group=None if partition.groups is None else int(partition.groups[cid]),
+                y_train_clean=None if y_clean is None else labels(y_clean),
+            )
+        )
+    return FederatedDataset(clients, pool.num_classes, tuple(pool.x.shape[1:]), pool.name)

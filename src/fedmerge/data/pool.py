@@ -1,0 +1,107 @@
+"""The in-memory dataset before partitioning, the dataset registry and shared array helpers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import numpy as np
+from pydantic import Field
+
+from fedmerge.core.registry import ComponentConfig, Registry
+from fedmerge.core.seeding import numpy_rng
+
+
+@dataclass
+class Pool:
+    """A whole dataset in memory.
+
+    ``x`` is float32 (images ``N x C x H x W`` in [0, 1]; tabular ``N x F`` standardized) or int64 token
+    sequences ``N x T``; ``y`` holds int64 labels ``0..num_classes-1``.
+    """
+
+    x: np.ndarray
+    y: np.ndarray
+    num_classes: int
+    name: str
+    domain: np.ndarray | None = None
+    natural_id: np.ndarray | None = None
+    class_names: list[str] | None = None
+
+    def __post_init__(self) -> None:
+        n = len(self.x)
+        if self.y.shape != (n,):
+            raise ValueError(f"dataset {self.name!r}: y has shape {self.y.shape}, expected ({n},)")
+        for field in ("domain", "natural_id"):
+            arr = getattr(self, field)
+            if arr is not None and arr.shape != (n,):
+                raise ValueError(f"dataset {self.name!r}: {field} has shape {arr.shape}, expected ({n},)")
+        if n and (self.y.min() < 0 or self.y.max() >= self.num_classes):
+            raise ValueError(f"dataset {self.name!r}: labels must lie in 0..{self.num_classes - 1}")
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    @property
+    def is_image(self) -> bool:
+        return self.x.ndim == 4
+
+    def subset(self, idx: np.ndarray) -> Pool:
+        def pick(a: np.ndarray | None) -> np.ndarray | None:
+            return None if a is None else a[idx]
+
+        return replace(self, x=self.x[idx], y=self.y[idx], domain=pick(self.domain), natural_id=pick(self.natural_id))
+
+
+class DatasetConfig(ComponentConfig):
+    """Options every dataset accepts."""
+
+    max_samples: int | None = Field(
+        None, ge=1, description="keep a stratified, fixed-seed subsample of this many samples (quick runs)"
+    )
+
+
+DatasetLoader = Callable[[ComponentConfig], Pool]
+DATASETS: Registry[DatasetLoader] = Registry("dataset")
+
+
+def stratified_subsample(pool: Pool, max_samples: int) -> Pool:
+    """Keep ``max_samples`` samples with class (and domain) proportions preserved.
+
+    The seed is fixed (derived from the dataset name) so that a quick run sees the same data for every
+    experiment seed: the experiment seed should vary the partition, not the dataset.
+    """
+    if max_samples >= len(pool):
+        return pool
+    rng = numpy_rng(0, purpose=f"subsample/{pool.name}")
+    strata = pool.y if pool.domain is None else pool.domain.astype(np.int64) * pool.num_classes + pool.y
+    keys, inverse, counts = np.unique(strata, return_inverse=True, return_counts=True)
+    # Largest-remainder allocation: quotas sum exactly to max_samples.
+    exact = counts * (max_samples / len(pool))
+    quota = np.floor(exact).astype(np.int64)
+    short = max_samples - quota.sum()
+    quota[np.argsort(-(exact - quota), kind="stable")[:short]] += 1
+    chosen = [rng.choice(np.flatnonzero(inverse == k), size=quota[k], replace=False) for k in range(len(keys))]
+    return pool.subset(np.sort(np.concatenate(chosen)))
+
+
+def standardize(x: np.ndarray) -> np.ndarray:
+    """Zero mean, unit variance per feature (constant features become 0)."""
+    x = x.astype(np.float64)
+    std = x.std(axis=0)
+    std[std == 0] = 1.0
+    return ((x - x.mean(axis=0)) / std).astype(np.float32)
+
+
+def encode_labels(values: np.ndarray) -> tuple[np.ndarray, list[str]]:
+    """Map arbitrary label values to 0..C-1 in sorted order; the originals become class names."""
+    uniques, codes = np.unique(values, return_inverse=True)
+    return codes.astype(np.int64).reshape(-1), [str(u) for u in uniques]
+
+
+def load_pool(dataset_cfg: ComponentConfig | dict) -> Pool:
+    """Load a registered dataset from its config (or a ``{"name": ...}`` dict), subsampled if asked."""
+    cfg = DATASETS.parse(dataset_cfg) if isinstance(dataset_cfg, dict) else dataset_cfg
+    pool = DATASETS.get(cfg.name).obj(cfg)
+    max_samples = getattr(cfg, "max_samples", None)
+    return pool if max_samples is None else stratified_subsample(pool, max_samples)

@@ -1,0 +1,58 @@
+"""Per-client train/val/test split, stratified by class."""
+
+from __future__ import annotations
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class SplitConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    val_fraction: float = Field(0.1, ge=0, lt=1)
+    test_fraction: float = Field(0.2, gt=0, lt=1)
+
+    @model_validator(mode="after")
+    def _leaves_training_data(self) -> SplitConfig:
+        if self.val_fraction + self.test_fraction >= 1:
+            raise ValueError("val_fraction + test_fraction must be below 1 (something must remain for training)")
+        return self
+
+
+def half_up(x: float) -> int:
+    return int(np.floor(x + 0.5))
+
+
+def split_sizes(n: int, cfg: SplitConfig) -> tuple[int, int, int]:
+    """(train, val, test) sizes: test >= 1, val >= 1 when asked for, train >= 1."""
+    n_test = max(1, half_up(cfg.test_fraction * n))
+    n_val = max(1, half_up(cfg.val_fraction * n)) if cfg.val_fraction > 0 else 0
+    while n - n_test - n_val < 1 and n_val > 0:
+        n_val -= 1
+    while n - n_test - n_val < 1 and n_test > 1:
+        n_test -= 1
+    if n - n_test - n_val < 1:
+        raise ValueError(f"cannot split {n} sample(s) into train and test")
+    return n - n_val - n_test, n_val, n_test
+
+
+def split_indices(
+    labels: np.ndarray, cfg: SplitConfig, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Positions (into ``labels``) of the train, val and test samples.
+
+    Samples are ordered by a stratified key: one sample of every class first (so every class the client
+    has appears in train when train is large enough), then each class's remaining samples spread evenly
+    over [0, 1). Train takes the front of that order, test the back, so every split mirrors the client's
+    class mix.
+    """
+    n = len(labels)
+    keys = np.empty(n)
+    for c in np.unique(labels):
+        pos = rng.permutation(np.flatnonzero(labels == c))
+        jitter = rng.random(len(pos))
+        keys[pos] = (np.arange(len(pos)) + jitter) / len(pos)
+        keys[pos[0]] = jitter[0] - 1.0
+    order = np.argsort(keys, kind="stable")
+    n_train, n_val, _ = split_sizes(n, cfg)
+    return order[:n_train], order[n_train : n_train + n_val], order[n_train + n_val :]
