@@ -25,7 +25,7 @@ DEFAULT_CONFIG: dict[str, Any] = {
     "dataset": {"name": "digits"},
     "partition": {"name": "dirichlet", "num_clients": 10, "alpha": 0.5},
     "model": {"name": "mlp"},
-    "algorithm": {"name": "fedavg", "lr": 0.05, "local_epochs": 2, "batch_size": 32},
+    "algorithm": {"name": "fedavg", "lr": 0.2, "local_epochs": 2, "batch_size": 32},
 }
 
 
