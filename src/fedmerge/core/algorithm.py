@@ -101,6 +101,14 @@ class Algorithm(ABC):
     def personalize(self, payload: Payload, data: ClientDataLike, state: ClientState, ctx: ClientContext) -> StateDict:
         """The weights client ``ctx.cid`` is evaluated with. Must not change ``state``."""
 
+    def personalize_variants(
+        self, payload: Payload, data: ClientDataLike, state: ClientState, ctx: ClientContext
+    ) -> dict[str, StateDict]:
+        """Named models to evaluate for this client. ``""`` is the personalised model; methods
+        with a family of models (e.g. SuPerFed's interpolation line) add entries such as
+        ``"lambda=0.3"``, whose metrics are logged as ``lambda=0.3/test_acc``."""
+        return {"": self.personalize(payload, data, state, ctx)}
+
     # --- helpers ---------------------------------------------------------------------
     def initial_weights(self, purpose: str = "init", cid: int = -1) -> StateDict:
         model = self.model_factory(torch_generator(self.seed, -1, cid, purpose))

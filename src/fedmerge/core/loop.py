@@ -88,6 +88,9 @@ def run_rounds(
             "comm_up": float(np.mean([u.num_parameters() for u in updates.values()])),
             "fit_seconds": time.perf_counter() - t0,
         }
+        gap = local_gap(updates)
+        if gap is not None:
+            record["local_gap"] = gap
         if schedule.is_eval_round(rnd):
             t1 = time.perf_counter()
             record["eval"] = evaluate_all(algorithm, engine, state, rnd, schedule.num_clients)
@@ -107,3 +110,14 @@ def _weighted_train_loss(updates: dict[int, Update]) -> float:
         return float("nan")
     total = sum(n for _, n in pairs)
     return float(sum(loss * n for loss, n in pairs) / max(total, 1))
+
+
+def local_gap(updates: dict[int, Update]) -> dict[str, float] | None:
+    """Mean over the round's clients of the training loss on the model received vs. after local
+    training (``loss_received``/``loss_trained`` in Update.meta), and of their difference."""
+    pairs = [(u.meta.get("loss_received"), u.meta.get("loss_trained")) for u in updates.values()]
+    pairs = [(a, b) for a, b in pairs if a is not None and b is not None and np.isfinite(a) and np.isfinite(b)]
+    if not pairs:
+        return None
+    received, trained = (float(np.mean(v)) for v in zip(*pairs))
+    return {"received": received, "trained": trained, "gap": float(np.mean([a - b for a, b in pairs]))}

@@ -77,12 +77,16 @@ def local_sgd(
     extra_loss: ExtraLoss | None = None,
     before_step: BeforeStep | None = None,
     optimizer: torch.optim.Optimizer | None = None,
+    forward: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> TrainStats:
     """Train ``model`` in place with minibatch SGD on (x, y).
 
     ``params`` restricts which parameters are optimised (others still get no update). A fresh
     SGD optimiser is built per call, as in the reference implementations, unless one is given
-    (for methods that keep optimiser state across rounds in their ClientState).
+    (for methods that keep optimiser state across rounds in their ClientState). ``forward``
+    replaces ``model(x)`` for methods whose prediction is not a plain call of the model (e.g. a
+    forward through interpolated weights with ``torch.func.functional_call``); ``params`` must then
+    name the tensors it trains.
     """
     model.train()
     if optimizer is None:
@@ -97,7 +101,7 @@ def local_sgd(
         idx = idx.to(x.device)
         xb, yb = x[idx], y[idx]
         optimizer.zero_grad(set_to_none=True)
-        task_loss = F.cross_entropy(model(xb), yb)
+        task_loss = F.cross_entropy(model(xb) if forward is None else forward(xb), yb)
         loss = task_loss if extra_loss is None else task_loss + extra_loss(model)
         loss.backward()
         if before_step is not None:

@@ -7,11 +7,13 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from fedmerge.core.algorithm import Algorithm, ClientContext, ClientDataLike, StateDict
+from fedmerge.core.algorithm import Algorithm, ClientContext, ClientDataLike
 from fedmerge.core.seeding import derive_seed
 from fedmerge.core.training import predict_logits
 from fedmerge.core.types import ClientState, Payload, ServerState, Update
 from fedmerge.metrics import classification_metrics
+
+from .evaluation import evaluate_client
 
 Metrics = dict[str, float]
 
@@ -79,20 +81,10 @@ class LocalEngine:
         for cid in sorted(payloads):
             data = self.clients[cid]
             ctx = self._context(rnd, cid, "evaluate")
-            weights = algorithm.personalize(payloads[cid].to(self.device), data, self._state(algorithm, cid), ctx)
-            results[cid] = self._metrics_for(weights, data)
+            payload = payloads[cid].to(self.device)
+            state = self._state(algorithm, cid)
+            results[cid] = evaluate_client(algorithm, payload, data, state, ctx, self.eval_batch_size)
         return results
-
-    def _metrics_for(self, weights: StateDict, data: ClientDataLike) -> Metrics:
-        self.model.load_state_dict(weights)
-        out: Metrics = {}
-        for split in ("val", "test"):
-            x, y = getattr(data, f"x_{split}"), getattr(data, f"y_{split}")
-            if y.numel() == 0:
-                continue
-            logits = predict_logits(self.model, x, self.eval_batch_size)
-            out.update({f"{split}_{k}": v for k, v in classification_metrics(logits, y).items()})
-        return out
 
     def evaluate_global(self, algorithm: Algorithm, state: ServerState) -> Metrics | None:
         weights = algorithm.global_model(state)

@@ -1,0 +1,33 @@
+"""Client-side evaluation shared by every engine."""
+
+from __future__ import annotations
+
+from fedmerge.core.algorithm import Algorithm, ClientContext, ClientDataLike
+from fedmerge.core.training import predict_logits
+from fedmerge.core.types import ClientState, Payload
+from fedmerge.metrics import classification_metrics
+
+Metrics = dict[str, float]
+SPLITS = ("val", "test")
+
+
+def evaluate_client(
+    algorithm: Algorithm,
+    payload: Payload,
+    data: ClientDataLike,
+    state: ClientState,
+    ctx: ClientContext,
+    batch_size: int = 1024,
+) -> Metrics:
+    """Metrics of each of the client's personalised models on its val and test splits."""
+    out: Metrics = {}
+    for variant, weights in algorithm.personalize_variants(payload, data, state, ctx).items():
+        ctx.model.load_state_dict(weights)
+        prefix = f"{variant}/" if variant else ""
+        for split in SPLITS:
+            x, y = getattr(data, f"x_{split}", None), getattr(data, f"y_{split}", None)
+            if y is None or y.numel() == 0:
+                continue
+            logits = predict_logits(ctx.model, x, batch_size)
+            out.update({f"{prefix}{split}_{k}": v for k, v in classification_metrics(logits, y).items()})
+    return out
