@@ -1,6 +1,8 @@
-"""Client-side evaluation shared by every engine."""
+"""Client-side pieces shared by every engine: evaluation and per-call RNG seeding."""
 
 from __future__ import annotations
+
+import torch
 
 from fedmerge.core.algorithm import Algorithm, ClientContext, ClientDataLike
 from fedmerge.core.training import predict_logits
@@ -8,6 +10,19 @@ from fedmerge.core.types import ClientState, Payload
 from fedmerge.metrics import classification_metrics
 
 Metrics = dict[str, float]
+
+
+def seed_global_rng(seed: int, device: torch.device) -> None:
+    """Seed torch's global RNGs for one client call (CPU always, CUDA only when used).
+
+    ``torch.manual_seed`` would also queue lazy seeding of every accelerator backend, which
+    costs ~2 ms per call on a CPU-only machine: significant per client with small models.
+    """
+    torch.random.default_generator.manual_seed(seed)
+    if device.type == "cuda":
+        torch.cuda.manual_seed(seed)
+
+
 SPLITS = ("val", "test")
 
 

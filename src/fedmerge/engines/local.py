@@ -13,7 +13,7 @@ from fedmerge.core.training import predict_logits
 from fedmerge.core.types import ClientState, Payload, ServerState, Update
 from fedmerge.metrics import classification_metrics
 
-from .evaluation import evaluate_client
+from .evaluation import evaluate_client, seed_global_rng
 
 Metrics = dict[str, float]
 
@@ -59,7 +59,7 @@ class LocalEngine:
     def _context(self, rnd: int, cid: int, purpose: str) -> ClientContext:
         # Seed torch's global RNG per (round, client) too, so any module that draws from it
         # (e.g. dropout) is reproducible and independent of client order.
-        torch.manual_seed(derive_seed(self.seed, rnd, cid, f"global-rng/{purpose}"))
+        seed_global_rng(derive_seed(self.seed, rnd, cid, f"global-rng/{purpose}"), self.device)
         return ClientContext(self.model, self.device, self.seed, rnd, cid)
 
     # --- rounds --------------------------------------------------------------------------
