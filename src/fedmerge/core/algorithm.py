@@ -27,6 +27,9 @@ from .types import ClientState, Payload, ServerState, Update
 
 StateDict = dict[str, torch.Tensor]
 ModelFactory = Callable[[torch.Generator], nn.Module]
+# A personalised model that is not one state dict of the experiment's model (e.g. FedEM's mixture
+# of M networks): maps inputs to logits (log-probabilities are fine: metrics apply softmax).
+Predictor = Callable[[torch.Tensor], torch.Tensor]
 
 
 class ClientDataLike(Protocol):
@@ -103,10 +106,12 @@ class Algorithm(ABC):
 
     def personalize_variants(
         self, payload: Payload, data: ClientDataLike, state: ClientState, ctx: ClientContext
-    ) -> dict[str, StateDict]:
+    ) -> dict[str, StateDict | Predictor]:
         """Named models to evaluate for this client. ``""`` is the personalised model; methods
         with a family of models (e.g. SuPerFed's interpolation line) add entries such as
-        ``"lambda=0.3"``, whose metrics are logged as ``lambda=0.3/test_acc``."""
+        ``"lambda=0.3"``, whose metrics are logged as ``lambda=0.3/test_acc``. A value is either
+        weights for the experiment's model or a :data:`Predictor` (called in no-grad mode; put
+        your own modules in eval mode)."""
         return {"": self.personalize(payload, data, state, ctx)}
 
     # --- helpers ---------------------------------------------------------------------

@@ -38,6 +38,7 @@ class TrainStats:
 
 ExtraLoss = Callable[[nn.Module], torch.Tensor]
 BeforeStep = Callable[[nn.Module], None]
+BatchLoss = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def batch_slices(n: int, batch_size: int) -> list[slice]:
@@ -78,6 +79,7 @@ def local_sgd(
     before_step: BeforeStep | None = None,
     optimizer: torch.optim.Optimizer | None = None,
     forward: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    loss_fn: BatchLoss | None = None,
 ) -> TrainStats:
     """Train ``model`` in place with minibatch SGD on (x, y).
 
@@ -86,7 +88,8 @@ def local_sgd(
     (for methods that keep optimiser state across rounds in their ClientState). ``forward``
     replaces ``model(x)`` for methods whose prediction is not a plain call of the model (e.g. a
     forward through interpolated weights with ``torch.func.functional_call``); ``params`` must then
-    name the tensors it trains.
+    name the tensors it trains. ``loss_fn(logits, y, idx)`` replaces the mean cross-entropy as the
+    task loss; ``idx`` are the batch's sample indices into (x, y), for per-sample weights (FedEM).
     """
     model.train()
     if optimizer is None:
@@ -101,7 +104,8 @@ def local_sgd(
         idx = idx.to(x.device)
         xb, yb = x[idx], y[idx]
         optimizer.zero_grad(set_to_none=True)
-        task_loss = F.cross_entropy(model(xb) if forward is None else forward(xb), yb)
+        logits = model(xb) if forward is None else forward(xb)
+        task_loss = F.cross_entropy(logits, yb) if loss_fn is None else loss_fn(logits, yb, idx)
         loss = task_loss if extra_loss is None else task_loss + extra_loss(model)
         loss.backward()
         if before_step is not None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from fedmerge.core.algorithm import Algorithm, ClientContext, ClientDataLike
+from fedmerge.core.algorithm import Algorithm, ClientContext, ClientDataLike, Predictor
 from fedmerge.core.training import predict_logits
 from fedmerge.core.types import ClientState, Payload
 from fedmerge.metrics import classification_metrics
@@ -37,12 +37,23 @@ def evaluate_client(
     """Metrics of each of the client's personalised models on its val and test splits."""
     out: Metrics = {}
     for variant, weights in algorithm.personalize_variants(payload, data, state, ctx).items():
-        ctx.model.load_state_dict(weights)
+        if callable(weights):
+            predictor = weights
+        else:
+            ctx.model.load_state_dict(weights)
+            predictor = ctx.model
         prefix = f"{variant}/" if variant else ""
         for split in SPLITS:
             x, y = getattr(data, f"x_{split}", None), getattr(data, f"y_{split}", None)
             if y is None or y.numel() == 0:
                 continue
-            logits = predict_logits(ctx.model, x, batch_size)
+            logits = predict_batched(predictor, x, batch_size)
             out.update({f"{prefix}{split}_{k}": v for k, v in classification_metrics(logits, y).items()})
     return out
+
+
+@torch.no_grad()
+def predict_batched(predictor: Predictor | torch.nn.Module, x: torch.Tensor, batch_size: int) -> torch.Tensor:
+    if isinstance(predictor, torch.nn.Module):
+        return predict_logits(predictor, x, batch_size)
+    return torch.cat([predictor(x[i : i + batch_size]) for i in range(0, x.shape[0], batch_size)])
