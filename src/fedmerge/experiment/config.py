@@ -33,6 +33,20 @@ class ConfigError(ValueError):
     """A user-facing configuration problem; ``str(err)`` is one line."""
 
 
+class FlowerSettings(BaseModel):
+    """``flower:`` section, read only with ``engine: flower`` (docs/deployment.md)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    min_replies: int = Field(1, ge=1, description="fewest training replies a round needs (capped at those selected)")
+    max_retries: int = Field(1, ge=0, description="resends to the failed clients when a round has too few replies")
+    round_timeout: float = Field(600.0, gt=0, description="seconds to wait for the replies to one round's messages")
+    connect_timeout: float = Field(120.0, gt=0, description="seconds to wait for a SuperNode for every partition")
+    num_cpus: int | None = Field(None, ge=1, description="simulation: CPUs Ray may use (None: all)")
+    client_cpus: float = Field(1.0, gt=0, description="simulation: CPUs reserved per ClientApp")
+    client_gpus: float = Field(0.0, ge=0, description="simulation: GPUs reserved per ClientApp")
+
+
 class RunSettings(BaseModel):
     """Fields that are not components: the schedule, engine and outputs."""
 
@@ -46,6 +60,7 @@ class RunSettings(BaseModel):
     checkpoint_every: int = Field(1, ge=1)
     keep_checkpoints: int = Field(2, ge=1)
     engine: Literal["local", "flower"] = "local"
+    flower: FlowerSettings | None = None  # None: defaults; omitted from config.yaml so local runs are unchanged
     device: str = Field("cpu", pattern=r"^(cpu|cuda(:\d+)?|mps|auto)$")
     output_dir: str = "runs"
     eval_batch_size: int = Field(1024, ge=1)
@@ -218,4 +233,5 @@ def _deep_copy(data: Any) -> Any:
 
 
 def to_yaml(cfg: BaseModel) -> str:
-    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+    exclude = {"flower"} if getattr(cfg, "flower", None) is None else None
+    return yaml.safe_dump(cfg.model_dump(mode="json", exclude=exclude), sort_keys=False)

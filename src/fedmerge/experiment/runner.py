@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -11,15 +13,15 @@ from typing import Any
 import torch
 from pydantic import BaseModel
 
-from fedmerge.algorithms import ALGORITHMS
+from fedmerge.algorithms import ALGORITHMS, Algorithm
 from fedmerge.core.checkpoint import load_checkpoint, save_checkpoint
-from fedmerge.core.loop import Schedule, run_rounds
+from fedmerge.core.loop import Engine, Schedule, run_rounds
 from fedmerge.core.types import ServerState
 from fedmerge.data import DataUnavailable, FederatedDataset, build_federated_dataset
 from fedmerge.engines.local import LocalEngine
 from fedmerge.models import build_model, count_parameters
 
-from .config import ConfigError, load_config, to_yaml
+from .config import ConfigError, FlowerSettings, load_config, to_yaml
 from .progress import RoundProgress
 from .results import RunStore, new_run_dir
 from .summary import TIMING_KEYS, build_summary, summarize_eval, summary_markdown
@@ -54,7 +56,8 @@ def load_data(cfg: BaseModel) -> FederatedDataset:
 
 
 def config_digest(cfg: BaseModel) -> str:
-    fixed = cfg.model_dump(mode="json", exclude=RESUME_OVERRIDABLE)
+    # Engine tuning (``flower``: timeouts, retries) does not change the numbers a run produces.
+    fixed = cfg.model_dump(mode="json", exclude=RESUME_OVERRIDABLE | {"flower"})
     return hashlib.sha256(repr(sorted(fixed.items())).encode()).hexdigest()
 
 
@@ -65,8 +68,14 @@ def run_experiment(
     resume: bool = False,
     show_progress: bool = True,
     stop_after: int | None = None,
+    grid: Any = None,
 ) -> RunResult:
-    """Run (or resume) ``cfg``. ``stop_after`` ends after that round, as a crash would (tests)."""
+    """Run (or resume) ``cfg``. ``stop_after`` ends after that round, as a crash would (tests).
+
+    ``grid``: a Flower Grid, when called by the deployed ServerApp (``engine: flower``).
+    """
+    if cfg.engine == "flower":
+        _require_flower(simulation=grid is None)
     device = resolve_device(cfg.device)
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
@@ -79,15 +88,23 @@ def run_experiment(
     entry = ALGORITHMS.get(cfg.algorithm.name)
     algorithm = entry.obj(cfg.algorithm, model_factory, len(data.clients), cfg.seed)
     model = model_factory(torch.Generator().manual_seed(0))
-    engine = LocalEngine(
-        data.clients,
-        model,
-        device,
-        cfg.seed,
-        pooled_test=data.pooled_test,
-        eval_batch_size=cfg.eval_batch_size,
-    )
-    schedule = Schedule(cfg.rounds, len(data.clients), cfg.participation, cfg.eval_every, cfg.seed)
+    with _open_engine(cfg, data, model, device, grid) as engine:
+        return _run(cfg, store, algorithm, model, engine, device, len(data.clients), resume, show_progress, stop_after)
+
+
+def _run(
+    cfg: BaseModel,
+    store: RunStore,
+    algorithm: Algorithm,
+    model: torch.nn.Module,
+    engine: Engine,
+    device: torch.device,
+    num_clients: int,
+    resume: bool,
+    show_progress: bool,
+    stop_after: int | None,
+) -> RunResult:
+    schedule = Schedule(cfg.rounds, num_clients, cfg.participation, cfg.eval_every, cfg.seed)
 
     start_round = 0
     if resume:
@@ -122,6 +139,9 @@ def run_experiment(
         engine.on_client_done = progress.client_done
 
         def on_round_end(rnd: int, server_state: ServerState, record: dict[str, Any]) -> None:
+            failures = engine.pop_failures() if hasattr(engine, "pop_failures") else []
+            if failures:  # clients dropped from this round (Flower engine); absent when none
+                record["failed_clients"] = failures
             if "eval" in record:
                 record["summary"] = summarize_eval(record["eval"]["clients"])
             record["elapsed_seconds"] = time.perf_counter() - t_start
@@ -144,7 +164,7 @@ def run_experiment(
         "dataset": cfg.dataset.name,
         "partition": cfg.partition.name,
         "model": cfg.model.name,
-        "num_clients": len(data.clients),
+        "num_clients": num_clients,
         "seed": cfg.seed,
         "parameters": _parameter_counts(model, state, engine),
         "wall_seconds": time.perf_counter() - t_start,
@@ -158,7 +178,60 @@ class _Stop(Exception):
     pass
 
 
-def _parameter_counts(model: torch.nn.Module, state: ServerState, engine: LocalEngine) -> dict[str, float]:
+def _require_flower(simulation: bool) -> None:
+    from fedmerge.engines.flower import INSTALL_HINT, flower_available
+
+    if not flower_available(simulation=simulation):
+        raise ConfigError(INSTALL_HINT)
+
+
+@contextmanager
+def _open_engine(
+    cfg: BaseModel, data: FederatedDataset, model: torch.nn.Module, device: torch.device, grid: Any
+) -> Iterator[Engine]:
+    if cfg.engine != "flower" and grid is None:
+        yield LocalEngine(
+            data.clients,
+            model,
+            device,
+            cfg.seed,
+            pooled_test=data.pooled_test,
+            eval_batch_size=cfg.eval_batch_size,
+        )
+        return
+    from fedmerge.engines.flower.engine import FlowerEngine, FlowerOptions
+    from fedmerge.engines.flower.simulation import SimulationOptions, simulation
+
+    fs = cfg.flower or FlowerSettings()
+    options = FlowerOptions(fs.min_replies, fs.max_retries, fs.round_timeout, fs.connect_timeout)
+    if grid is not None:  # deployment: the ServerApp was handed a Grid by the SuperLink
+        yield FlowerEngine(
+            grid,
+            cfg.model_dump(mode="json"),
+            len(data.clients),
+            model,
+            device,
+            cfg.seed,
+            options,
+            data.pooled_test,
+            cfg.eval_batch_size,
+        )
+        return
+    with simulation(len(data.clients), SimulationOptions(fs.num_cpus, fs.client_cpus, fs.client_gpus)) as relay:
+        yield FlowerEngine(
+            relay,
+            cfg.model_dump(mode="json"),
+            len(data.clients),
+            model,
+            device,
+            cfg.seed,
+            options,
+            data.pooled_test,
+            cfg.eval_batch_size,
+        )
+
+
+def _parameter_counts(model: torch.nn.Module, state: ServerState, engine: Engine) -> dict[str, float]:
     states = engine.client_states().values()
     return {
         "model": float(count_parameters(model)),
@@ -183,6 +256,7 @@ def run_from_files(
     *,
     resume_dir: str | None = None,
     show_progress: bool = True,
+    grid: Any = None,
 ) -> RunResult:
     if resume_dir is not None:
         store = RunStore(resume_dir)
@@ -195,9 +269,9 @@ def run_from_files(
                 f"only {sorted(RESUME_OVERRIDABLE)} may be overridden"
             )
         cfg = load_config(store.read_config_path(), overrides)
-        return run_experiment(cfg, store.dir, resume=True, show_progress=show_progress)
+        return run_experiment(cfg, store.dir, resume=True, show_progress=show_progress, grid=grid)
     cfg = load_config(config_path, overrides)
-    return run_experiment(cfg, show_progress=show_progress)
+    return run_experiment(cfg, show_progress=show_progress, grid=grid)
 
 
 __all__ = ["RunResult", "run_experiment", "run_from_files", "TIMING_KEYS"]

@@ -1,0 +1,220 @@
+"""Flower engine: same results as the local engine in Flower's simulation; failures drop a client.
+
+The simulation tests start Ray (about 10-20 s each on two cores). The protocol tests drive the real
+ClientApp in this process through a fake Grid, so retries, timeouts and the node-id <-> partition-id
+map are checked without Ray.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Literal
+
+import pytest
+import torch
+from helpers import assert_runs_identical, quick_config, run
+
+from fedmerge.algorithms.fedavg import FedAvg, FedAvgConfig
+from fedmerge.core.algorithm import ALGORITHMS
+from fedmerge.experiment.config import experiment_model
+from fedmerge.experiment.results import RunStore
+
+flwr = pytest.importorskip("flwr", reason="Flower absent: pip install -e '.[flower]'")
+
+SMALL = ["partition.num_clients=4", "rounds=3", "dataset.name=digits", "partition.name=dirichlet"]
+
+
+class FailingConfig(FedAvgConfig):
+    name: Literal["test_fedavg_fails_c1_r2"] = "test_fedavg_fails_c1_r2"
+
+
+@ALGORITHMS.register(
+    "test_fedavg_fails_c1_r2", config=FailingConfig, description="test only: client 1 raises in round 2"
+)
+class FailingFedAvg(FedAvg):
+    name = "test_fedavg_fails_c1_r2"
+
+    def client_update(self, payload, data, state, ctx):
+        if ctx.cid == 1 and ctx.round == 2:
+            raise RuntimeError("injected failure of client 1 in round 2")
+        return super().client_update(payload, data, state, ctx)
+
+
+experiment_model.cache_clear()  # the schema is built once; rebuild it with the test algorithm
+
+
+# --- Flower's simulation runtime (Ray) ------------------------------------------------------------
+@pytest.mark.parametrize(
+    "algorithm",
+    [["algorithm.name=fedavg"], ["algorithm.name=fedprox", "algorithm.mu=0.1", "participation=0.5"]],
+    ids=["fedavg", "fedprox-partial"],
+)
+def test_simulation_matches_local_engine_bit_for_bit(tmp_path, algorithm):
+    pytest.importorskip("ray", reason="Flower simulation needs ray: pip install -e '.[flower]'")
+    local = run(quick_config(*SMALL, *algorithm), tmp_path / "local")
+    flower = run(quick_config(*SMALL, *algorithm, "engine=flower", "flower.num_cpus=1"), tmp_path / "flower")
+    assert_runs_identical(local.run_dir, flower.run_dir)
+    assert local.summary["last"] == flower.summary["last"]
+
+
+def test_client_that_raises_is_dropped_and_recorded(tmp_path):
+    pytest.importorskip("ray", reason="Flower simulation needs ray: pip install -e '.[flower]'")
+    cfg = quick_config(*SMALL, "algorithm.name=test_fedavg_fails_c1_r2", "engine=flower", "flower.num_cpus=1")
+    result = run(cfg, tmp_path / "r")
+    rows = RunStore(result.run_dir).read_metrics()
+    assert [r["round"] for r in rows] == [1, 2, 3]
+    assert [r.get("failed_clients") for r in rows[::2]] == [None, None]
+    (failure,) = rows[1]["failed_clients"]
+    assert failure["cid"] == 1 and failure["phase"] == "train" and "injected failure" in failure["reason"]
+    assert rows[1]["selected"] == [0, 1, 2, 3]
+    assert sorted(rows[2]["eval"]["clients"]) == ["0", "1", "2", "3"]  # client 1 is back in round 3
+    assert result.summary["last"]["round"] == 3
+
+
+# --- the protocol, with the real ClientApp behind a fake Grid (no Ray) ---------------------------
+class FakeGrid:
+    """Delivers each Message to the ClientApp of its node in this process; nodes have random ids."""
+
+    def __init__(self, num_nodes: int, drop: set[int] = frozenset(), partition_ids: list[int] | None = None):
+        from flwr.app import Context, RecordDict
+
+        from fedmerge.engines.flower.client import app
+
+        self.app = app
+        ids = random.Random(0).sample(range(1, 2**62), num_nodes)
+        pids = partition_ids if partition_ids is not None else list(range(num_nodes))
+        self.contexts = {
+            n: Context(run_id=1, node_id=n, node_config={"partition-id": p}, state=RecordDict(), run_config={})
+            for n, p in zip(ids, pids)
+        }
+        self.drop = drop  # partition ids that never answer training messages (a timeout)
+        self.sent: list = []
+
+    def get_node_ids(self):
+        return list(self.contexts)
+
+    def send_and_receive(self, messages, *, timeout=None):
+        from flwr.app import Error, Message
+
+        replies = []
+        for msg in messages:
+            self.sent.append(msg)
+            ctx = self.contexts[msg.metadata.dst_node_id]
+            if msg.metadata.message_type == "train" and ctx.node_config["partition-id"] in self.drop:
+                continue
+            try:
+                replies.append(self.app(msg, ctx))
+            except Exception as exc:
+                replies.append(Message(Error(code=1, reason=f"{type(exc).__name__}: {exc}"), reply_to=msg))
+        return replies
+
+
+@pytest.fixture
+def task_identity():
+    """Messages need a run identity, which a Flower runtime normally sets."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    saved = TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id
+    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 1
+    yield
+    TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = saved
+
+
+def run_on_grid(tmp_path, grid, *overrides):
+    cfg = quick_config(*SMALL, "engine=flower", *overrides)
+    return run(cfg, tmp_path / "r", grid=grid)
+
+
+def test_fake_grid_run_matches_local_and_keeps_state_in_context(tmp_path, task_identity):
+    algo = ["algorithm.name=local", "participation=0.5"]  # per-client state: the client's own model
+    grid = FakeGrid(4)
+    flower = run_on_grid(tmp_path, grid, *algo)
+    local = run(quick_config(*SMALL, *algo), tmp_path / "local")
+    assert_runs_identical(local.run_dir, flower.run_dir)
+    for ctx in grid.contexts.values():  # the state lives in context.state, as safetensors bytes
+        assert "fedmerge.client_state" in ctx.state.config_records
+    # one message per selected client, addressed by the handshake's node id <-> partition id map
+    node_pid = {n: c.node_config["partition-id"] for n, c in grid.contexts.items()}
+    trains = [m for m in grid.sent if m.metadata.message_type == "train"]
+    assert all(int(m.content.config_records["fedmerge.job"]["cid"]) == node_pid[m.metadata.dst_node_id] for m in trains)
+
+
+def test_each_client_gets_its_own_payload(tmp_path, task_identity):
+    from fedmerge.core.types import Payload
+    from fedmerge.engines.flower.records import get_record
+
+    grid = FakeGrid(4)
+    run_on_grid(tmp_path, grid, "rounds=1")
+    trains = [m for m in grid.sent if m.metadata.message_type == "train"]
+    assert len(trains) == 4 and len({m.metadata.dst_node_id for m in trains}) == 4
+    payloads = [get_record(m.content, "payload", Payload) for m in trains]
+    assert all(p.meta == {"round": 1} for p in payloads)
+    assert len({id(m.content.array_records["payload"]) for m in trains}) == 4  # own ArrayRecord each
+
+
+def test_timeout_drops_client_then_too_few_replies_stop_with_clear_message(tmp_path, task_identity):
+    result = run_on_grid(tmp_path, FakeGrid(4, drop={2}), "rounds=2")
+    rows = RunStore(result.run_dir).read_metrics()
+    assert [f["cid"] for r in rows for f in r["failed_clients"]] == [2, 2]
+    assert "no reply within flower.round_timeout" in rows[0]["failed_clients"][0]["reason"]
+
+    from fedmerge.engines.flower.engine import RoundFailed
+
+    with pytest.raises(RoundFailed, match=r"round 1: 3 of 4 clients replied, fewer than flower.min_replies=4 after 2"):
+        run_on_grid(tmp_path / "b", FakeGrid(4, drop={2}), "flower.min_replies=4", "flower.max_retries=2")
+
+
+def test_partition_map_is_checked(tmp_path, task_identity):
+    from fedmerge.engines.flower.engine import RoundFailed
+
+    with pytest.raises(RoundFailed, match="claimed by two SuperNodes"):
+        run_on_grid(tmp_path, FakeGrid(4, partition_ids=[0, 1, 1, 3]))
+    with pytest.raises(RoundFailed, match=r"no SuperNode for partition-id \[3\]"):
+        run_on_grid(tmp_path, FakeGrid(3), "flower.connect_timeout=0.5")
+
+
+def test_resume_restores_client_state_into_fresh_supernodes(tmp_path, task_identity):
+    algo = ["algorithm.name=local", "rounds=4"]
+    full = run(quick_config(*SMALL, *algo), tmp_path / "full")
+    cfg = quick_config(*SMALL, *algo, "engine=flower")
+    run(cfg, tmp_path / "cut", grid=FakeGrid(4), stop_after=2)
+    from fedmerge.experiment.runner import run_experiment
+
+    resumed = run_experiment(cfg, tmp_path / "cut", resume=True, show_progress=False, grid=FakeGrid(4))
+    assert_runs_identical(full.run_dir, resumed.run_dir)
+
+
+# --- configuration --------------------------------------------------------------------------------
+def test_local_config_yaml_has_no_flower_section(tmp_path):
+    result = run(quick_config("rounds=1"), tmp_path / "r")
+    assert "flower" not in (result.run_dir / "config.yaml").read_text()
+    cfg = quick_config("engine=flower", "flower.min_replies=3")
+    assert cfg.flower.min_replies == 3
+
+
+def test_missing_flower_says_how_to_install(monkeypatch):
+    from typer.testing import CliRunner
+
+    import fedmerge.engines.flower as flower_pkg
+    from fedmerge.cli import app
+
+    monkeypatch.setattr(flower_pkg, "flower_available", lambda simulation=False: False)
+    result = CliRunner().invoke(app, ["run", "engine=flower", "rounds=1", "--no-progress"])
+    assert result.exit_code == 2
+    assert "pip install 'flwr==1.41.*' ray" in result.output and "Traceback" not in result.output
+    assert len(result.output.strip().splitlines()) == 1
+
+
+def test_records_round_trip_any_dtype(task_identity):
+    from flwr.app import RecordDict
+
+    from fedmerge.core.types import Payload
+    from fedmerge.engines.flower.records import get_record, put_record
+
+    p = Payload({"w": torch.randn(3, 2), "i": torch.arange(4), "h": torch.randn(5).bfloat16()}, {"k": [1, "a"]})
+    content = RecordDict()
+    put_record(content, "x", p)
+    q = get_record(content, "x", Payload)
+    assert q.meta == json.loads(json.dumps(p.meta))
+    assert all(torch.equal(q.tensors[k], v) and q.tensors[k].dtype == v.dtype for k, v in p.tensors.items())
