@@ -103,6 +103,12 @@ def print_summary(summary: dict[str, Any]) -> None:
             f"communicated per client per round: down {comm['down']:,.0f}, up {comm['up']:,.0f}",
             soft_wrap=True,
         )
+    gap = summary.get("local_gap")
+    if gap:
+        out.print(f"local-global gap (train loss received - trained): mean {gap['mean']:.4f}, last {gap['last']:.4f}")
+    recovery = summary.get("cluster_recovery")
+    if recovery:
+        out.print(f"cluster recovery (ARI, argmax merge weight vs true group): {recovery['ari']:.4f}")
 
 
 @app.command("list")
@@ -139,6 +145,29 @@ def partition(
     if plot is not None:
         data.plot_summary(plot)
         out.print(f"plot saved to {plot}")
+
+
+plot_app = typer.Typer(no_args_is_help=True, help="Plots drawn from run folders.")
+app.add_typer(plot_app, name="plot")
+
+
+@plot_app.command("merge-weights")
+def plot_merge_weights_cmd(
+    run_dir: Path = typer.Argument(..., help="a FedMerge run folder"),
+    out_path: Path | None = typer.Option(None, "--out", help="PNG path (default RUN_DIR/merge_weights.png)"),
+    rounds: list[int] | None = typer.Option(None, "--round", help="round to show (repeatable; default: spread)"),
+    panels: int = typer.Option(4, "--panels", min=1, help="number of rounds shown when --round is not given"),
+) -> None:
+    """Heatmaps of the merge weights (clients x global models) at several rounds, as the paper's Fig. 5."""
+    from fedmerge.experiment.plots import plot_merge_weights
+
+    if not (run_dir / "metrics.jsonl").exists():
+        _fail(f"{run_dir}: no metrics.jsonl; is it a run folder?", 2)
+    try:
+        path = plot_merge_weights(run_dir, out_path, rounds or None, panels)
+    except ValueError as exc:
+        _fail(str(exc), 2)
+    out.print(f"plot saved to {path}", soft_wrap=True, highlight=False)
 
 
 def main() -> None:

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import torch
+
 from fedmerge.core.algorithm import Algorithm, ClientContext, ClientDataLike, StateDict
 from fedmerge.core.params import clone_state, weighted_average
-from fedmerge.core.training import ExtraLoss, local_sgd
+from fedmerge.core.seeding import NO_ROUND, torch_generator
+from fedmerge.core.training import ExtraLoss, LocalTraining, local_sgd, mean_loss
 from fedmerge.core.types import ClientState, Payload, ServerState, Update
+
+GAP_SAMPLES = 512  # training examples the local-global gap is measured on (bounded extra cost)
 
 
 def load_weights(ctx: ClientContext, weights: StateDict) -> None:
@@ -14,6 +21,43 @@ def load_weights(ctx: ClientContext, weights: StateDict) -> None:
 
 def model_weights(ctx: ClientContext) -> StateDict:
     return clone_state(ctx.model.state_dict())
+
+
+def gap_subset(data: ClientDataLike, ctx: ClientContext) -> tuple[torch.Tensor, torch.Tensor]:
+    """A fixed subset (same every round) of the client's training data, for the local-global gap."""
+    n = int(data.y_train.shape[0])
+    if n <= GAP_SAMPLES:
+        return data.x_train, data.y_train
+    gen = torch_generator(ctx.seed, NO_ROUND, ctx.cid, "local-gap")
+    idx = torch.randperm(n, generator=gen)[:GAP_SAMPLES].to(data.y_train.device)
+    return data.x_train[idx], data.y_train[idx]
+
+
+def train_received(
+    weights: StateDict,
+    data: ClientDataLike,
+    cfg: LocalTraining,
+    ctx: ClientContext,
+    extra_loss: ExtraLoss | None = None,
+) -> dict[str, Any]:
+    """Load the received weights into ``ctx.model``, train locally, and return the update's meta.
+
+    Besides ``num_examples``/``train_loss``/``steps`` the meta carries the local-global gap: the
+    training loss (eval mode, on :func:`gap_subset`) of the model as received (``loss_received``) and
+    after local training (``loss_trained``). Both are forward passes only, and draw no randomness,
+    so training is unchanged by them.
+    """
+    load_weights(ctx, weights)
+    xg, yg = gap_subset(data, ctx)
+    received = mean_loss(ctx.model, xg, yg)
+    stats = local_sgd(ctx.model, data.x_train, data.y_train, cfg, ctx.generator("train"), extra_loss=extra_loss)
+    return {
+        "num_examples": int(data.y_train.shape[0]),
+        "train_loss": stats.loss,
+        "steps": stats.steps,
+        "loss_received": received,
+        "loss_trained": mean_loss(ctx.model, xg, yg),
+    }
 
 
 class GlobalModelAlgorithm(Algorithm):
@@ -44,16 +88,7 @@ class GlobalModelAlgorithm(Algorithm):
     def client_update(
         self, payload: Payload, data: ClientDataLike, state: ClientState, ctx: ClientContext
     ) -> tuple[Update, ClientState]:
-        load_weights(ctx, payload.tensors)
-        stats = local_sgd(
-            ctx.model,
-            data.x_train,
-            data.y_train,
-            self.config,
-            ctx.generator("train"),
-            extra_loss=self.extra_loss(payload, ctx),
-        )
-        meta = {"num_examples": int(data.y_train.shape[0]), "train_loss": stats.loss, "steps": stats.steps}
+        meta = train_received(payload.tensors, data, self.config, ctx, self.extra_loss(payload, ctx))
         return Update(model_weights(ctx), meta), state
 
     def personalize(self, payload: Payload, data: ClientDataLike, state: ClientState, ctx: ClientContext) -> StateDict:

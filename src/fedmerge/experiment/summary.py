@@ -41,6 +41,17 @@ def build_summary(rows: list[dict[str, Any]], info: dict[str, Any]) -> dict[str,
             "down": sum(r["comm_down"] for r in rows) / len(rows),
             "up": sum(r["comm_up"] for r in rows) / len(rows),
         }
+        summary["parameter_budget"] = parameter_budget(
+            info.get("parameters", {}), summary["communication_per_client_per_round"]
+        )
+        gap = local_gap_summary(rows)
+        if gap:
+            summary["local_gap"] = gap
+    groups = info.get("client_groups")
+    if groups is not None:
+        recovery = cluster_recovery(rows, groups)
+        if recovery:
+            summary["cluster_recovery"] = recovery
     if not evals:
         return summary
     last = evals[-1]
@@ -59,6 +70,63 @@ def build_summary(rows: list[dict[str, Any]], info: dict[str, Any]) -> dict[str,
             "global": best["eval"].get("global"),
         }
     return summary
+
+
+def parameter_budget(params: dict[str, float], comm: dict[str, float]) -> dict[str, float]:
+    """Float values stored on the server, communicated per client per round, stored and optimised
+    per client (the paper's Appendix A accounting).
+
+    A client stores what it keeps between rounds plus what it receives (the model it trains), so
+    Local (no download, its model as state), FedAvg and FedMerge (one received model, no state) all
+    store one model. Optimised = the trainable parameters of the model a client trains, unless the
+    runner reports ``client_optimized`` itself (methods training several models per client).
+    """
+    return {
+        "server_stored": float(params.get("server_state", float("nan"))),
+        "down_per_client_round": float(comm["down"]),
+        "up_per_client_round": float(comm["up"]),
+        "client_stored": float(params.get("client_state_mean", 0.0)) + float(comm["down"]),
+        "client_optimized": float(params.get("client_optimized", params.get("model", float("nan")))),
+    }
+
+
+def local_gap_summary(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Local-global gap (training loss on the received model minus after local training, mean over
+    the round's clients): its mean over all rounds, over the second half, and at the last round."""
+    gaps = [(r["round"], r["local_gap"]) for r in rows if "local_gap" in r and math.isfinite(r["local_gap"]["gap"])]
+    if not gaps:
+        return {}
+    second = gaps[len(gaps) // 2 :]
+    return {
+        "mean": sum(g["gap"] for _, g in gaps) / len(gaps),
+        "mean_second_half": sum(g["gap"] for _, g in second) / len(second),
+        "last": gaps[-1][1]["gap"],
+        "last_received": gaps[-1][1]["received"],
+        "last_trained": gaps[-1][1]["trained"],
+    }
+
+
+def cluster_recovery(rows: list[dict[str, Any]], groups: list[int | None]) -> dict[str, Any]:
+    """Adjusted Rand index between each client's argmax merge weight and its true group, at the
+    last evaluated round that logged merge weights (``server.merge_weights``)."""
+    if any(g is None for g in groups):
+        return {}
+    from sklearn.metrics import adjusted_rand_score
+
+    logged = [r for r in rows if "merge_weights" in r.get("server", {})]
+    if not logged:
+        return {}
+    per_round = {}
+    for r in logged:
+        weights = r["server"]["merge_weights"]
+        if len(weights) != len(groups):
+            continue
+        argmax = [max(range(len(row)), key=row.__getitem__) for row in weights]
+        per_round[r["round"]] = float(adjusted_rand_score(groups, argmax))
+    if not per_round:
+        return {}
+    last = max(per_round)
+    return {"round": last, "ari": per_round[last], "ari_by_round": {str(k): v for k, v in sorted(per_round.items())}}
 
 
 def summary_markdown(summary: dict[str, Any]) -> str:
@@ -90,4 +158,22 @@ def summary_markdown(summary: dict[str, Any]) -> str:
     if params:
         lines += ["", "| parameters | count |", "|---|---|"]
         lines += [f"| {k} | {v:,.0f} |" for k, v in params.items()]
+    budget = summary.get("parameter_budget")
+    if budget:
+        lines += ["", "| parameter budget (float values) | count |", "|---|---|"]
+        lines += [f"| {k} | {v:,.0f} |" for k, v in budget.items()]
+    gap = summary.get("local_gap")
+    if gap:
+        lines += [
+            "",
+            f"local-global gap (train loss received - trained): mean {gap['mean']:.4f}, "
+            f"second half {gap['mean_second_half']:.4f}, last {gap['last']:.4f}",
+        ]
+    recovery = summary.get("cluster_recovery")
+    if recovery:
+        lines += [
+            "",
+            f"cluster recovery (ARI of argmax merge weight vs. true group) at round "
+            f"{recovery['round']}: {recovery['ari']:.4f}",
+        ]
     return "\n".join(lines) + "\n"
