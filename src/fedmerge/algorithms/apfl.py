@@ -1,0 +1,126 @@
+"""APFL (Deng et al., 2020): adaptive personalised FL by an output mixture.
+
+Per minibatch (reference ``MLOPTPSU/FedTorch`` @ab8068d): an SGD step on the global copy w with
+CE(f_w(x)), and an SGD step on the personal model v with CE(alpha f_v(x) + (1 - alpha) f_w(x)), f_w's
+output detached so the mixture loss moves only v. One ``local_sgd`` call does both: w is ``ctx.model``,
+v a second model run through ``functional_call`` (``extra_loss``; the batch labels come from
+``BatchTap``). Both steps use the weights from before the step, as in the paper's algorithm.
+With ``adaptive_alpha`` alpha is updated once per round, at the first local step (as the reference):
+alpha <- clip(alpha - alpha_lr * (sum <v - w, alpha g_v + (1 - alpha) g_w> + 0.02 alpha), 0, 1).
+Defaults: alpha 0.5, not adaptive (the reference's). v and alpha live in ClientState; w travels and
+is averaged by n_i.
+
+Evaluation (a protocol limit, see ``personalize``): the engine evaluates ONE set of weights of the
+model architecture, so the output mixture alpha f_v + (1-alpha) f_w cannot be evaluated as such. The
+personalised model is the *parameter* mixture alpha v + (1 - alpha) w_g (v and w start from the same
+initialisation and stay close), as PFLlib does; ``personal_eval: v`` evaluates v alone.
+``lambda_steps`` adds the parameter line (1 - lam) w_g + lam v as ``lambda=...`` variants (the
+paper's Fig. A2 comparison with SuPerFed).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from pydantic import Field
+from torch.nn import functional as F
+
+from fedmerge.core.algorithm import ALGORITHMS, AlgorithmConfig, ClientContext, ClientDataLike, StateDict
+from fedmerge.core.training import local_sgd
+from fedmerge.core.types import ClientState, Payload, Update
+
+from ._personal import BatchTap, GapProbe, SecondModel, interpolate, lambda_grid, lambda_key
+from .base import GlobalModelAlgorithm, load_weights, model_weights
+
+
+class APFLConfig(AlgorithmConfig):
+    name: Literal["apfl"] = "apfl"
+    alpha: float = Field(0.5, ge=0, le=1, description="initial weight of the personal model's output")
+    adaptive_alpha: bool = Field(False, description="update alpha by gradient once per round")
+    alpha_lr: float | None = Field(None, gt=0, description="step size for alpha (default: lr)")
+    alpha_decay: float = Field(0.02, ge=0, description="the reference's 0.02*alpha term in alpha's gradient")
+    personal_eval: Literal["mixture", "v"] = Field("mixture", description="evaluate alpha v + (1-alpha) w_g, or v")
+    lambda_steps: int | None = Field(None, ge=1, description="also evaluate (1-lam) w_g + lam v on this grid")
+
+
+def alpha_step(
+    alpha: float, v: dict[str, torch.Tensor], w: dict[str, torch.nn.Parameter], lr: float, decay: float
+) -> float:
+    """One gradient step on alpha from the current gradients of v (mixture loss) and w (own loss)."""
+    grad = decay * alpha
+    for k, vk in v.items():
+        gv = vk.grad if vk.grad is not None else torch.zeros_like(vk)
+        gw = w[k].grad if w[k].grad is not None else torch.zeros_like(vk)
+        grad += float(((vk.detach() - w[k].detach()) * (alpha * gv + (1 - alpha) * gw)).sum())
+    return min(1.0, max(0.0, alpha - lr * grad))
+
+
+@ALGORITHMS.register(
+    "apfl", config=APFLConfig, description="APFL: personal/global output mixture, optional adaptive alpha"
+)
+class APFL(GlobalModelAlgorithm):
+    name = "apfl"
+
+    def init_client_state(self, cid: int) -> ClientState:
+        return ClientState(self.initial_weights(), {"alpha": self.config.alpha})
+
+    def client_update(
+        self, payload: Payload, data: ClientDataLike, state: ClientState, ctx: ClientContext
+    ) -> tuple[Update, ClientState]:
+        cfg = self.config
+        load_weights(ctx, payload.tensors)
+        probe = GapProbe(data, ctx)
+        v = SecondModel(state.tensors, ctx.model, ctx.device)
+        w = dict(ctx.model.named_parameters())
+        tap = BatchTap(data.x_train, data.y_train)
+        alpha = [float(state.meta.get("alpha", cfg.alpha))]  # mutable: the adaptive step changes it
+
+        def forward(xb: torch.Tensor) -> torch.Tensor:
+            tap.cache["w"] = ctx.model(xb)
+            return tap.cache["w"]
+
+        def mixture_loss(_: torch.nn.Module) -> torch.Tensor:
+            out = alpha[0] * v(ctx.model, tap.x) + (1 - alpha[0]) * tap.cache["w"].detach()
+            return F.cross_entropy(out, tap.y)
+
+        first = [True]
+
+        def adapt(_: torch.nn.Module) -> None:
+            if first[0]:
+                alpha[0] = alpha_step(alpha[0], v.params, w, cfg.alpha_lr or cfg.lr, cfg.alpha_decay)
+                first[0] = False
+
+        params = [p for p in ctx.model.parameters() if p.requires_grad] + list(v.params.values())
+        stats = local_sgd(
+            ctx.model,
+            tap.index,
+            data.y_train,
+            cfg,
+            ctx.generator("train"),
+            params=params,
+            forward=tap.wrap(forward),
+            extra_loss=mixture_loss,
+            before_step=adapt if cfg.adaptive_alpha else None,
+        )
+        meta = probe.meta(ctx, data, stats, alpha=alpha[0])
+        return Update(model_weights(ctx), meta), ClientState(v.state(), {**state.meta, "alpha": alpha[0]})
+
+    def personalize_variants(
+        self, payload: Payload, data: ClientDataLike, state: ClientState, ctx: ClientContext
+    ) -> dict[str, StateDict]:
+        if self.config.personal_eval == "v":
+            out = {"": state.tensors}
+        else:
+            out = {"": interpolate(payload.tensors, state.tensors, float(state.meta.get("alpha", self.config.alpha)))}
+        if self.config.lambda_steps:
+            out.update(
+                {
+                    lambda_key(lam): interpolate(payload.tensors, state.tensors, lam)
+                    for lam in lambda_grid(self.config.lambda_steps)
+                }
+            )
+        return out
+
+    def personalize(self, payload: Payload, data: ClientDataLike, state: ClientState, ctx: ClientContext) -> StateDict:
+        return self.personalize_variants(payload, data, state, ctx)[""]
