@@ -1,0 +1,228 @@
+"""FedEM (Marfoq et al., NeurIPS 2021): federated EM over a mixture of M shared component models.
+
+Client step (reference ``omarfoq/FedEM`` @996fadd, ``MixtureClient``):
+E-step on the whole training set (eval mode): ``L[m, s] = CE(h_m(x_s), y_s)``,
+``q[m, s] = softmax_m(log pi_m - L[m, s])``; M-step for the mixture weights: ``pi = mean_s q[:, s]``;
+then each component m is trained (``local_sgd``, ``local_epochs``) on the weighted loss
+``sum_{s in batch} q[m, s] CE_ms / |batch|``. Server: each component averaged by n_i over the round's
+clients. Prediction: ``p(y|x) = sum_m pi_m softmax(h_m(x))`` (:func:`mixture_log_probs`).
+pi (and, with momentum, each component's momentum buffers) live in ClientState; communication is M
+models down and M up.
+
+Choices and reference quirks:
+- component m is initialised from its own seed (the reference seeds learner m with seed + m);
+  component 0 uses FedAvg's ``init`` seed and ``train`` stream, so ``num_components: 1`` is FedAvg
+  exactly, record for record (with M = 1, pi = q = 1: the loss is plain CE and nothing is stored);
+- plain SGD by default; the reference uses ``momentum: 0.9`` and ``weight_decay: 5e-4`` with one
+  optimiser per component that is never rebuilt, so its momentum buffers persist across rounds:
+  ``keep_momentum: true`` (default, only matters with momentum > 0) keeps them in ClientState. The
+  reference's per-round multistep lr decay is not reproduced (no lr schedules here yet);
+- the reference averages each component over ALL clients, unsampled ones contributing their stale
+  copy (the server would have to hold M models per client); here only the round's clients count,
+  which is the same with full participation. It also SUMS BatchNorm's ``num_batches_tracked``; here
+  integer buffers are averaged like everything else (they are not used in training);
+- ``weighting: uniform`` averages components unweighted instead of by n_i.
+
+Evaluation (protocol limit): the engine evaluates ONE set of weights of the experiment's model, and a
+mixture of M networks is not one state dict. Until the protocol can return a predictor,
+:meth:`FedEM.personalize` returns the component with the largest pi_i (a temporary approximation;
+exact when pi_i is one-hot). The true mixture is :meth:`FedEM.predict` / :func:`mixture_log_probs`.
+
+Weighted loss: ``local_sgd`` computes plain mean CE and has no per-sample weights, so training runs on
+sample indices (as ``_personal.BatchTap`` does) and ``extra_loss`` adds ``weighted CE - CE`` on the
+same batch's logits: the total is the weighted loss, its gradient exact up to float rounding. The
+logged ``train_loss`` is therefore the unweighted CE of each component (weighted by pi across them).
+TODO: switch to a ``sample_weight`` argument of ``local_sgd`` when the core has one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, Literal
+
+import torch
+from pydantic import Field
+from torch.nn import functional as F
+
+from fedmerge.core.algorithm import ALGORITHMS, Algorithm, AlgorithmConfig, ClientContext, ClientDataLike, StateDict
+from fedmerge.core.params import clone_state, weighted_average
+from fedmerge.core.training import LocalTraining, TrainStats, local_sgd
+from fedmerge.core.types import ClientState, Payload, ServerState, Update
+
+from ._multimodel import initial_models, model_logits, pack, unpack
+from ._personal import Weighting
+from .base import gap_subset
+
+TAG = "fedem"
+PI = "pi"
+MOMENTUM = "momentum/"
+
+
+class FedEMConfig(AlgorithmConfig):
+    name: Literal["fedem"] = "fedem"
+    num_components: int = Field(3, ge=1, description="M, the number of shared component models")
+    weighting: Weighting = Field("samples", description="average of each component: by n_i, or uniform")
+    keep_momentum: bool = Field(
+        True, description="with momentum > 0: keep each component's momentum buffers across rounds (reference)"
+    )
+
+
+def mixture_log_probs(logits: torch.Tensor, pi: torch.Tensor) -> torch.Tensor:
+    """log sum_m pi_m softmax(logits[m]) for (M, n, C) logits; usable as logits (softmax gives p).
+
+    One component is the model itself (log_softmax), so the M = 1 losses are FedAvg's exactly."""
+    if logits.shape[0] == 1:
+        return F.log_softmax(logits[0], dim=-1)
+    log_pi = torch.log(pi.to(logits.dtype)).view(-1, 1, 1)
+    return torch.logsumexp(log_pi + F.log_softmax(logits, dim=-1), dim=0)
+
+
+def e_step(losses: torch.Tensor, pi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Responsibilities q (M, n) = softmax_m(log pi_m - L[m, s]) and the updated pi = mean_s q."""
+    q = torch.softmax(torch.log(pi).view(-1, 1) - losses.double(), dim=0)
+    return q, q.mean(dim=1)
+
+
+class WeightedBatches:
+    """Per-sample weights for ``local_sgd``: train on indices, look the samples up in ``forward``,
+    and correct the task loss (plain mean CE) to ``mean(q * CE)`` in ``extra_loss``."""
+
+    def __init__(self, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, weights: torch.Tensor) -> None:
+        self.model, self.x, self.y, self.weights = model, x, y, weights
+        self.index = torch.arange(int(y.shape[0]), device=y.device)
+        self._idx: torch.Tensor | None = None
+        self._logits: torch.Tensor | None = None
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        self._idx, self._logits = idx, self.model(self.x[idx])
+        return self._logits
+
+    def correction(self, _: torch.nn.Module) -> torch.Tensor:
+        assert self._idx is not None and self._logits is not None
+        ce = F.cross_entropy(self._logits, self.y[self._idx], reduction="none")
+        return (self.weights[self._idx].to(ce.dtype) * ce).mean() - ce.mean()
+
+
+def train_component(
+    model: torch.nn.Module,
+    data: ClientDataLike,
+    q: torch.Tensor,
+    cfg: LocalTraining,
+    gen: torch.Generator,
+    momentum: dict[str, torch.Tensor] | None,
+) -> tuple[TrainStats, dict[str, torch.Tensor]]:
+    """Train ``model`` in place on the q-weighted loss; returns its stats and momentum buffers."""
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    opt = torch.optim.SGD([p for _, p in named], lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    for n, p in named:
+        if momentum and n in momentum:
+            opt.state[p]["momentum_buffer"] = momentum[n].detach().clone()
+    if bool((q == 1).all()):  # every weight 1 (M = 1): the plain loss
+        stats = local_sgd(model, data.x_train, data.y_train, cfg, gen, optimizer=opt)
+    else:
+        wb = WeightedBatches(model, data.x_train, data.y_train, q)
+        stats = local_sgd(
+            model, wb.index, data.y_train, cfg, gen, optimizer=opt, forward=wb.forward, extra_loss=wb.correction
+        )
+    buffers = {
+        n: opt.state[p]["momentum_buffer"].detach().clone() for n, p in named if "momentum_buffer" in opt.state[p]
+    }
+    return stats, buffers
+
+
+@ALGORITHMS.register(
+    "fedem", config=FedEMConfig, description="FedEM: mixture of M shared models, client mixture weights by EM"
+)
+class FedEM(Algorithm):
+    name = "fedem"
+    config: FedEMConfig
+
+    # --- state layout --------------------------------------------------------------------
+    def _models(self, tensors: dict[str, torch.Tensor]) -> list[StateDict]:
+        return unpack(tensors, self.config.num_components)
+
+    def pi(self, state: ClientState) -> torch.Tensor:
+        m = self.config.num_components
+        return state.tensors.get(PI, torch.full((m,), 1.0 / m, dtype=torch.float64))
+
+    # --- server ----------------------------------------------------------------------------
+    def init_server_state(self) -> ServerState:
+        return ServerState(pack(initial_models(self, self.config.num_components, TAG)))
+
+    def configure(self, state: ServerState, rnd: int, selected: list[int]) -> dict[int, Payload]:
+        return {cid: Payload(state.tensors, {"round": rnd}) for cid in selected}
+
+    def aggregate(self, state: ServerState, rnd: int, updates: dict[int, Update]) -> ServerState:
+        cids = sorted(updates)
+        weights = [float(updates[c].num_examples) if self.config.weighting == "samples" else 1.0 for c in cids]
+        per_client = [self._models(updates[c].tensors) for c in cids]
+        models = [weighted_average([m[j] for m in per_client], weights) for j in range(self.config.num_components)]
+        meta = dict(state.meta)
+        if self.config.num_components > 1:  # for the log only: the server never uses pi
+            meta["pi"] = {**meta.get("pi", {}), **{str(c): updates[c].meta["pi"] for c in cids}}
+        return ServerState(pack(models), meta)
+
+    def global_model(self, state: ServerState) -> StateDict | None:
+        return self._models(state.tensors)[0] if self.config.num_components == 1 else None
+
+    def server_report(self, state: ServerState, rnd: int) -> dict[str, Any]:
+        m = self.config.num_components
+        if m == 1:
+            return {}
+        pis = state.meta.get("pi", {})
+        return {"merge_weights": [pis.get(str(c), [1.0 / m] * m) for c in range(self.num_clients)]}
+
+    def client_optimized_parameters(self, model_parameters: int, client_states: Iterable[ClientState]) -> float:
+        """Parameters one client trains per round: M models (for the parameter budget)."""
+        return float(self.config.num_components * model_parameters)
+
+    # --- client ----------------------------------------------------------------------------
+    def client_update(
+        self, payload: Payload, data: ClientDataLike, state: ClientState, ctx: ClientContext
+    ) -> tuple[Update, ClientState]:
+        cfg = self.config
+        m_count = cfg.num_components
+        models = self._models(payload.tensors)
+        pi_old = self.pi(state).to(ctx.device)
+        xg, yg = gap_subset(data, ctx)
+        received = F.nll_loss(mixture_log_probs(model_logits(ctx.model, models, xg), pi_old), yg)
+        logits = model_logits(ctx.model, models, data.x_train)
+        losses = F.cross_entropy(logits.flatten(0, 1), data.y_train.repeat(m_count), reduction="none")
+        q, pi = e_step(losses.view(m_count, -1), pi_old)
+
+        trained: list[StateDict] = []
+        new_state: dict[str, torch.Tensor] = {PI: pi.cpu()} if m_count > 1 else {}
+        loss = 0.0
+        steps = 0
+        for j, weights in enumerate(models):
+            ctx.model.load_state_dict(weights)
+            momentum = {
+                k[len(f"{MOMENTUM}{j}/") :]: v for k, v in state.tensors.items() if k.startswith(f"{MOMENTUM}{j}/")
+            }
+            gen = ctx.generator("train" if j == 0 else f"train/component-{j}")
+            stats, buffers = train_component(ctx.model, data, q[j], cfg, gen, momentum)
+            trained.append(clone_state(ctx.model.state_dict()))
+            if cfg.keep_momentum:
+                new_state.update({f"{MOMENTUM}{j}/{k}": v for k, v in buffers.items()})
+            loss += float(pi[j]) * stats.loss
+            steps += stats.steps
+        after = F.nll_loss(mixture_log_probs(model_logits(ctx.model, trained, xg), pi), yg)
+        meta = {
+            "num_examples": int(data.y_train.shape[0]),
+            "train_loss": loss,
+            "steps": steps,
+            "loss_received": float(received),
+            "loss_trained": float(after),
+        }
+        if m_count > 1:
+            meta["pi"] = [float(p) for p in pi]
+        return Update(pack(trained), meta), ClientState(new_state, dict(state.meta))
+
+    def predict(self, payload: Payload, state: ClientState, ctx: ClientContext, x: torch.Tensor) -> torch.Tensor:
+        """The client's mixture prediction, as log-probabilities (n, C)."""
+        logits = model_logits(ctx.model, self._models(payload.tensors), x)
+        return mixture_log_probs(logits, self.pi(state).to(logits.device))
+
+    def personalize(self, payload: Payload, data: ClientDataLike, state: ClientState, ctx: ClientContext) -> StateDict:
+        # Temporary approximation of the mixture (see the module docstring): the dominant component.
+        return self._models(payload.tensors)[int(torch.argmax(self.pi(state)))]
