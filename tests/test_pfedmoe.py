@@ -1,5 +1,7 @@
 """pFedMoE: only the global expert travels, the full model learns, exact resume."""
 
+import json
+
 import torch
 from helpers import assert_runs_identical, quick_config, run
 
@@ -61,6 +63,10 @@ def test_resume_is_exact_and_only_the_global_expert_travels(tmp_path):
         assert abs(sum(g) - 1) < 1e-5
         model.load_state_dict(alg.personalize(payloads[cid], client, state, ctx))  # one model's weights
     assert sum(accs) / len(accs) > 0.5, accs  # chance is 0.1
+    # the engine evaluated the full network (per-client test accuracies match)
+    logged = [json.loads(line) for line in (full.run_dir / "metrics.jsonl").read_text().splitlines()][-1]
+    for cid, acc in zip(trained, accs):
+        assert abs(logged["eval"]["clients"][str(cid)]["test_acc"] - acc) < 1e-6
 
 
 def test_client_optimized_parameters_count_both_experts_and_the_gate():

@@ -8,6 +8,7 @@ from typing import Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Personalized federated learning by model merging.")
@@ -16,7 +17,8 @@ err = Console(stderr=True)
 
 
 def _fail(message: str, code: int) -> None:
-    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    # escape: messages contain literal brackets (e.g. pip install -e '.[flower]') that rich would eat
+    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 
@@ -46,6 +48,7 @@ def run(
 ) -> None:
     """Run an experiment (the built-in FedAvg on UCI digits when no config is given)."""
     from fedmerge.core.checkpoint import CheckpointError
+    from fedmerge.core.loop import RoundFailed
     from fedmerge.experiment.runner import run_from_files
 
     config_path, overrides = _split_args(args)
@@ -61,7 +64,7 @@ def run(
         )
     except _user_errors() as exc:
         _fail(str(exc), 2)
-    except CheckpointError as exc:
+    except (CheckpointError, RoundFailed) as exc:
         _fail(str(exc), 1)
     except KeyboardInterrupt:
         _fail("interrupted; continue with: fedmerge run --resume RUN_DIR", 130)
@@ -166,6 +169,37 @@ def plot_merge_weights_cmd(
     try:
         path = plot_merge_weights(run_dir, out_path, rounds or None, panels)
     except ValueError as exc:
+        _fail(str(exc), 2)
+    out.print(f"plot saved to {path}", soft_wrap=True, highlight=False)
+
+
+@plot_app.command("lambda")
+def plot_lambda_cmd(
+    run_dir: Path = typer.Argument(..., help="a SuPerFed run folder"),
+    out_path: Path | None = typer.Option(None, "--out", help="PNG path (default: in RUN_DIR)"),
+    split: str = typer.Option("test", "--split", help="test or val"),
+) -> None:
+    """Accuracy along SuPerFed's line between the federated (0) and local (1) model (Fig. 3 / A2)."""
+    from fedmerge.experiment.plot_lambda import plot_lambda
+
+    try:
+        path = plot_lambda(run_dir, out_path, split=split)
+    except (FileNotFoundError, ValueError) as exc:
+        _fail(str(exc), 2)
+    out.print(f"plot saved to {path}", soft_wrap=True, highlight=False)
+
+
+@plot_app.command("budget")
+def plot_budget_cmd(
+    run_dirs: list[Path] = typer.Argument(..., help="finished run folders"),
+    out_path: Path = typer.Option(Path("budget.png"), "--out", help="PNG path"),
+) -> None:
+    """Accuracy against server / communicated / per-client parameters (FedMerge Figs. 3-4)."""
+    from fedmerge.experiment.plot_budget import plot_budget
+
+    try:
+        path = plot_budget(run_dirs, out_path)
+    except (FileNotFoundError, ValueError) as exc:
         _fail(str(exc), 2)
     out.print(f"plot saved to {path}", soft_wrap=True, highlight=False)
 

@@ -23,16 +23,12 @@ Choices and reference quirks:
   integer buffers are averaged like everything else (they are not used in training);
 - ``weighting: uniform`` averages components unweighted instead of by n_i.
 
-Evaluation (protocol limit): the engine evaluates ONE set of weights of the experiment's model, and a
-mixture of M networks is not one state dict. Until the protocol can return a predictor,
-:meth:`FedEM.personalize` returns the component with the largest pi_i (a temporary approximation;
-exact when pi_i is one-hot). The true mixture is :meth:`FedEM.predict` / :func:`mixture_log_probs`.
+Evaluation: the personalised model is the pi-weighted mixture of the components' softmax outputs
+(:meth:`FedEM.predict`, given to the engine as a predictor); the component with the largest pi_i is
+also evaluated, as the variant ``dominant``.
 
-Weighted loss: ``local_sgd`` computes plain mean CE and has no per-sample weights, so training runs on
-sample indices (as ``_personal.BatchTap`` does) and ``extra_loss`` adds ``weighted CE - CE`` on the
-same batch's logits: the total is the weighted loss, its gradient exact up to float rounding. The
-logged ``train_loss`` is therefore the unweighted CE of each component (weighted by pi across them).
-TODO: switch to a ``sample_weight`` argument of ``local_sgd`` when the core has one.
+Weighted loss: ``local_sgd``'s ``loss_fn`` hook computes mean_s(q_s * CE_s) on each batch; the logged
+``train_loss`` is that weighted loss of each component (weighted by pi across them).
 """
 
 from __future__ import annotations
@@ -44,7 +40,15 @@ import torch
 from pydantic import Field
 from torch.nn import functional as F
 
-from fedmerge.core.algorithm import ALGORITHMS, Algorithm, AlgorithmConfig, ClientContext, ClientDataLike, StateDict
+from fedmerge.core.algorithm import (
+    ALGORITHMS,
+    Algorithm,
+    AlgorithmConfig,
+    ClientContext,
+    ClientDataLike,
+    Predictor,
+    StateDict,
+)
 from fedmerge.core.params import clone_state, weighted_average
 from fedmerge.core.training import LocalTraining, TrainStats, local_sgd
 from fedmerge.core.types import ClientState, Payload, ServerState, Update
@@ -83,24 +87,14 @@ def e_step(losses: torch.Tensor, pi: torch.Tensor) -> tuple[torch.Tensor, torch.
     return q, q.mean(dim=1)
 
 
-class WeightedBatches:
-    """Per-sample weights for ``local_sgd``: train on indices, look the samples up in ``forward``,
-    and correct the task loss (plain mean CE) to ``mean(q * CE)`` in ``extra_loss``."""
+def weighted_cross_entropy(weights: torch.Tensor):
+    """``local_sgd`` task loss mean_s(q_s * CE_s) over a batch, looked up by sample index."""
 
-    def __init__(self, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, weights: torch.Tensor) -> None:
-        self.model, self.x, self.y, self.weights = model, x, y, weights
-        self.index = torch.arange(int(y.shape[0]), device=y.device)
-        self._idx: torch.Tensor | None = None
-        self._logits: torch.Tensor | None = None
+    def loss(logits: torch.Tensor, y: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        ce = F.cross_entropy(logits, y, reduction="none")
+        return (weights[idx].to(ce.dtype) * ce).mean()
 
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        self._idx, self._logits = idx, self.model(self.x[idx])
-        return self._logits
-
-    def correction(self, _: torch.nn.Module) -> torch.Tensor:
-        assert self._idx is not None and self._logits is not None
-        ce = F.cross_entropy(self._logits, self.y[self._idx], reduction="none")
-        return (self.weights[self._idx].to(ce.dtype) * ce).mean() - ce.mean()
+    return loss
 
 
 def train_component(
@@ -120,10 +114,7 @@ def train_component(
     if bool((q == 1).all()):  # every weight 1 (M = 1): the plain loss
         stats = local_sgd(model, data.x_train, data.y_train, cfg, gen, optimizer=opt)
     else:
-        wb = WeightedBatches(model, data.x_train, data.y_train, q)
-        stats = local_sgd(
-            model, wb.index, data.y_train, cfg, gen, optimizer=opt, forward=wb.forward, extra_loss=wb.correction
-        )
+        stats = local_sgd(model, data.x_train, data.y_train, cfg, gen, optimizer=opt, loss_fn=weighted_cross_entropy(q))
     buffers = {
         n: opt.state[p]["momentum_buffer"].detach().clone() for n, p in named if "momentum_buffer" in opt.state[p]
     }
@@ -224,5 +215,15 @@ class FedEM(Algorithm):
         return mixture_log_probs(logits, self.pi(state).to(logits.device))
 
     def personalize(self, payload: Payload, data: ClientDataLike, state: ClientState, ctx: ClientContext) -> StateDict:
-        # Temporary approximation of the mixture (see the module docstring): the dominant component.
+        """The dominant component (largest pi_i): the best single network for this client."""
         return self._models(payload.tensors)[int(torch.argmax(self.pi(state)))]
+
+    def personalize_variants(
+        self, payload: Payload, data: ClientDataLike, state: ClientState, ctx: ClientContext
+    ) -> dict[str, StateDict | Predictor]:
+        if self.config.num_components == 1:
+            return {"": self.personalize(payload, data, state, ctx)}
+        return {
+            "": lambda x: self.predict(payload, state, ctx, x),
+            "dominant": self.personalize(payload, data, state, ctx),
+        }

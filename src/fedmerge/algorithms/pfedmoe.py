@@ -17,11 +17,9 @@ and head live in ClientState (``local/...``, ``gate/...``); the gate is created 
 first call (its input size comes from the data) from a seed keyed by the client, so it is the same on
 every engine and after a resume.
 
-Evaluation (protocol limit): the engine evaluates ONE state dict of the experiment's model, which
-cannot hold two experts and a gate. Until the protocol can return a predictor,
-:meth:`PFedMoE.personalize` returns the dominant expert's body (the larger mean gate weight on the
-client's training data) with the local head: a temporary approximation. The true model's output is
-:meth:`PFedMoE.predict`.
+Evaluation: the personalised model is the client's full network (both experts, gate, head), given
+to the engine as a predictor. The variant ``dominant_expert`` is the experiment's plain model made of
+the dominant expert's body (larger mean gate weight on the training data) and the local head.
 """
 
 from __future__ import annotations
@@ -34,7 +32,15 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from fedmerge.core.algorithm import ALGORITHMS, Algorithm, AlgorithmConfig, ClientContext, ClientDataLike, StateDict
+from fedmerge.core.algorithm import (
+    ALGORITHMS,
+    Algorithm,
+    AlgorithmConfig,
+    ClientContext,
+    ClientDataLike,
+    Predictor,
+    StateDict,
+)
 from fedmerge.core.params import clone_state
 from fedmerge.core.seeding import NO_ROUND, torch_generator
 from fedmerge.core.training import local_sgd, mean_loss, predict_logits
@@ -235,8 +241,15 @@ class PFedMoE(Algorithm):
         g = torch.cat([moe.gate(x[i : i + 1024]) for i in range(0, x.shape[0], 1024)])
         return [float(v) for v in g.mean(dim=0)]
 
+    def personalize_variants(
+        self, payload: Payload, data: ClientDataLike, state: ClientState, ctx: ClientContext
+    ) -> dict[str, StateDict | Predictor]:
+        dominant = self.personalize(payload, data, state, ctx)
+        moe = self._load(payload, data, state, ctx)
+        return {"": lambda x: predict_logits(moe, x), "dominant_expert": dominant}
+
     def personalize(self, payload: Payload, data: ClientDataLike, state: ClientState, ctx: ClientContext) -> StateDict:
-        # Temporary approximation (module docstring): the dominant expert's body with the local head.
+        """The experiment's plain model: the dominant expert's body with the local head."""
         local = strip_prefix(LOCAL, state.tensors)
         g_global, g_local = self.gate_weights(payload, data, state, ctx)
         body = dict(payload.tensors) if g_global > g_local else self._body(local)

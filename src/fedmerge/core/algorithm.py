@@ -13,7 +13,7 @@ fine-tuning) and, on a distributed engine, only the client has it.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
@@ -90,6 +90,10 @@ class Algorithm(ABC):
     def server_report(self, state: ServerState, rnd: int) -> dict[str, Any]:
         """JSON-able server-side figures logged at evaluation rounds (e.g. merge weights)."""
         return {}
+
+    def client_optimized_parameters(self, model_parameters: int, client_states: Iterable[ClientState]) -> float:
+        """Parameters one client optimises per round (budget accounting); default: one model."""
+        return float(model_parameters)
 
     # --- client side -------------------------------------------------------------------
     def init_client_state(self, cid: int) -> ClientState:

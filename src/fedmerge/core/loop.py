@@ -16,6 +16,10 @@ from .types import ClientState, Payload, ServerState, Update
 Metrics = dict[str, float]
 
 
+class RoundFailed(RuntimeError):
+    """An engine could not complete a round (e.g. too few clients answered, even after retries)."""
+
+
 class Engine(Protocol):
     """Where client work runs. The engine holds client data and client states."""
 

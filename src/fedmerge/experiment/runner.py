@@ -89,7 +89,8 @@ def run_experiment(
     algorithm = entry.obj(cfg.algorithm, model_factory, len(data.clients), cfg.seed)
     model = model_factory(torch.Generator().manual_seed(0))
     with _open_engine(cfg, data, model, device, grid) as engine:
-        return _run(cfg, store, algorithm, model, engine, device, len(data.clients), resume, show_progress, stop_after)
+        groups = [c.group for c in data.clients]
+        return _run(cfg, store, algorithm, model, engine, device, groups, resume, show_progress, stop_after)
 
 
 def _run(
@@ -99,11 +100,12 @@ def _run(
     model: torch.nn.Module,
     engine: Engine,
     device: torch.device,
-    num_clients: int,
+    groups: list[int | None],
     resume: bool,
     show_progress: bool,
     stop_after: int | None,
 ) -> RunResult:
+    num_clients = len(groups)
     schedule = Schedule(cfg.rounds, num_clients, cfg.participation, cfg.eval_every, cfg.seed)
 
     start_round = 0
@@ -166,7 +168,9 @@ def _run(
         "model": cfg.model.name,
         "num_clients": num_clients,
         "seed": cfg.seed,
-        "parameters": _parameter_counts(model, state, engine),
+        "parameters": _parameter_counts(algorithm, model, state, engine),
+        # ground-truth groups (cluster/domain partitions): the summary scores cluster recovery
+        "client_groups": groups if all(g is not None for g in groups) else None,
         "wall_seconds": time.perf_counter() - t_start,
     }
     summary = build_summary(rows, info)
@@ -231,12 +235,16 @@ def _open_engine(
         )
 
 
-def _parameter_counts(model: torch.nn.Module, state: ServerState, engine: Engine) -> dict[str, float]:
-    states = engine.client_states().values()
+def _parameter_counts(
+    algorithm: Algorithm, model: torch.nn.Module, state: ServerState, engine: Engine
+) -> dict[str, float]:
+    states = list(engine.client_states().values())
+    model_params = count_parameters(model)
     return {
-        "model": float(count_parameters(model)),
+        "model": float(model_params),
         "server_state": float(state.num_parameters()),
         "client_state_mean": float(sum(s.num_parameters() for s in states) / max(len(states), 1)),
+        "client_optimized": algorithm.client_optimized_parameters(model_params, states),
     }
 
 

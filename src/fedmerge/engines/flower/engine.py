@@ -19,6 +19,7 @@ from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from torch import nn
 
 from fedmerge.core.algorithm import Algorithm
+from fedmerge.core.loop import RoundFailed  # noqa: F401  (re-exported: raised here)
 from fedmerge.core.types import ClientState, Payload, ServerState, Update
 from fedmerge.engines.local import LocalEngine
 
@@ -35,10 +36,6 @@ class GridLike(Protocol):
     def get_node_ids(self) -> Iterable[int]: ...
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]: ...
-
-
-class RoundFailed(RuntimeError):
-    """Too few clients answered a round, even after retries."""
 
 
 @dataclass(frozen=True)
