@@ -135,7 +135,7 @@ def test_fixed_magnitude_step_moves_largest_logit_by_lr(scale):
 def test_fedmerge_with_one_model_is_fedprox(tmp_path):
     """d=1: the merge is the single model, omega_i = p_i, so FedMerge is FedProx with mu = 2 * prox_mu
     (the reference's prox term has no 1/2). Identical up to float32 rounding of the average."""
-    common = ["participation=0.5", "rounds=4"]
+    common = ["participation=0.5", "rounds=4", "algorithm.gap_samples=512"]
     a = run(quick_config(*common, "algorithm.name=fedmerge", "algorithm.num_models=1"), tmp_path / "fm")
     b = run(quick_config(*common, "algorithm.name=fedprox", "algorithm.mu=0.02"), tmp_path / "fp")
     rows_a, rows_b = RunStore(a.run_dir).read_metrics(), RunStore(b.run_dir).read_metrics()
@@ -178,6 +178,7 @@ CLUSTER = [
     "algorithm.logit_lr=0.1",
     "rounds=8",
     "eval_every=4",
+    "algorithm.gap_samples=512",
 ]
 
 
@@ -240,7 +241,7 @@ def test_layout_round_trips_batchnorm_model():
 
 
 def test_summary_json_is_serialisable(tmp_path):
-    res = run(quick_config("algorithm.name=fedmerge", "rounds=2"), tmp_path / "s")
+    res = run(quick_config("algorithm.name=fedmerge", "rounds=2", "algorithm.gap_samples=64"), tmp_path / "s")
     assert json.loads((res.run_dir / "summary.json").read_text())["local_gap"]["mean"] > 0
 
 

@@ -6,6 +6,7 @@ from typer.testing import CliRunner
 
 from fedmerge.cli import app
 from fedmerge.experiment.plots import client_groups, pick_rounds
+from fedmerge.experiment.results import RunStore
 from fedmerge.experiment.summary import build_summary, cluster_recovery, parameter_budget
 
 CLUSTER = [
@@ -45,10 +46,18 @@ def test_pick_rounds_spreads_and_keeps_last():
 
 @pytest.mark.parametrize("algorithm", ["fedavg", "fedprox", "fedmerge"])
 def test_local_gap_is_logged_for_global_model_methods(tmp_path, algorithm):
-    res = run(quick_config(f"algorithm.name={algorithm}", "rounds=2"), tmp_path / algorithm)
+    res = run(
+        quick_config(f"algorithm.name={algorithm}", "rounds=2", "algorithm.gap_samples=512"), tmp_path / algorithm
+    )
     gap = res.summary["local_gap"]
     assert gap["last_received"] > gap["last_trained"]  # local training lowers the local loss
     assert gap["last"] == pytest.approx(gap["last_received"] - gap["last_trained"])
+
+
+def test_local_gap_is_off_by_default(tmp_path):
+    res = run(quick_config("rounds=2"), tmp_path / "off")
+    assert "local_gap" not in res.summary
+    assert all("local_gap" not in r for r in RunStore(res.run_dir).read_metrics())
 
 
 def test_parameter_budget_rules():

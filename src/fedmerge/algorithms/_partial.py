@@ -75,7 +75,7 @@ class PartialSharingAlgorithm(Algorithm):
         self, payload: Payload, data: ClientDataLike, state: ClientState, ctx: ClientContext
     ) -> tuple[Update, ClientState]:
         load_weights(ctx, {**payload.tensors, **state.tensors})
-        probe = GapProbe(data, ctx)
+        probe = GapProbe(data, ctx, self.config.gap_samples)
         stats, extra = self.local_train(data, ctx)
         meta = probe.meta(ctx, data, stats, **extra)
         weights = model_weights(ctx)

@@ -152,8 +152,8 @@ class GapProbe:
     """The training loss of the model as received and as uploaded (on ``gap_subset``), as
     ``base.train_received`` logs it, so runs of these methods report the same ``local_gap``."""
 
-    def __init__(self, data: ClientDataLike, ctx: ClientContext) -> None:
-        self.x, self.y = gap_subset(data, ctx)
+    def __init__(self, data: ClientDataLike, ctx: ClientContext, samples: int) -> None:
+        self.x, self.y = gap_subset(data, ctx, samples)
         self.received = mean_loss(ctx.model, self.x, self.y)  # ctx.model must hold the received weights
 
     def meta(self, ctx: ClientContext, data: ClientDataLike, stats: TrainStats, **extra: Any) -> dict[str, Any]:

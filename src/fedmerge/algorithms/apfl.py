@@ -70,7 +70,7 @@ class APFL(GlobalModelAlgorithm):
     ) -> tuple[Update, ClientState]:
         cfg = self.config
         load_weights(ctx, payload.tensors)
-        probe = GapProbe(data, ctx)
+        probe = GapProbe(data, ctx, self.config.gap_samples)
         v = SecondModel(state.tensors, ctx.model, ctx.device)
         w = dict(ctx.model.named_parameters())
         tap = BatchTap(data.x_train, data.y_train)

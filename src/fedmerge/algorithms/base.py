@@ -12,8 +12,6 @@ from fedmerge.core.seeding import NO_ROUND, torch_generator
 from fedmerge.core.training import ExtraLoss, LocalTraining, local_sgd, mean_loss
 from fedmerge.core.types import ClientState, Payload, ServerState, Update
 
-GAP_SAMPLES = 512  # training examples the local-global gap is measured on (bounded extra cost)
-
 
 def load_weights(ctx: ClientContext, weights: StateDict) -> None:
     ctx.model.load_state_dict(weights, strict=True)
@@ -23,13 +21,15 @@ def model_weights(ctx: ClientContext) -> StateDict:
     return clone_state(ctx.model.state_dict())
 
 
-def gap_subset(data: ClientDataLike, ctx: ClientContext) -> tuple[torch.Tensor, torch.Tensor]:
-    """A fixed subset (same every round) of the client's training data, for the local-global gap."""
+def gap_subset(data: ClientDataLike, ctx: ClientContext, samples: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A fixed subset (same every round) of up to ``samples`` training examples, for the local-global
+    gap. Empty when ``samples`` is 0 (the default ``gap_samples``): the losses are then NaN, cost
+    nothing, and the round loop leaves the gap out."""
     n = int(data.y_train.shape[0])
-    if n <= GAP_SAMPLES:
+    if n <= samples:
         return data.x_train, data.y_train
     gen = torch_generator(ctx.seed, NO_ROUND, ctx.cid, "local-gap")
-    idx = torch.randperm(n, generator=gen)[:GAP_SAMPLES].to(data.y_train.device)
+    idx = torch.randperm(n, generator=gen)[:samples].to(data.y_train.device)
     return data.x_train[idx], data.y_train[idx]
 
 
@@ -48,7 +48,7 @@ def train_received(
     so training is unchanged by them.
     """
     load_weights(ctx, weights)
-    xg, yg = gap_subset(data, ctx)
+    xg, yg = gap_subset(data, ctx, cfg.gap_samples)
     received = mean_loss(ctx.model, xg, yg)
     stats = local_sgd(ctx.model, data.x_train, data.y_train, cfg, ctx.generator("train"), extra_loss=extra_loss)
     return {

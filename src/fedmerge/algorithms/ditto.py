@@ -69,7 +69,7 @@ class Ditto(GlobalModelAlgorithm):
     ) -> tuple[Update, ClientState]:
         cfg = self.config
         load_weights(ctx, payload.tensors)
-        probe = GapProbe(data, ctx)
+        probe = GapProbe(data, ctx, self.config.gap_samples)
         v = SecondModel(state.tensors, ctx.model, ctx.device)
         anchor = {k: payload.tensors[k].detach() for k in v.params}
         tap = BatchTap(data.x_train, data.y_train)

@@ -87,6 +87,13 @@ def e_step(losses: torch.Tensor, pi: torch.Tensor) -> tuple[torch.Tensor, torch.
     return q, q.mean(dim=1)
 
 
+def mixture_loss(model: torch.nn.Module, models: list, pi: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> float:
+    """NLL of the pi-mixture on (x, y); NaN on no data (the local-global gap is off)."""
+    if y.numel() == 0:
+        return float("nan")
+    return float(F.nll_loss(mixture_log_probs(model_logits(model, models, x), pi), y))
+
+
 def weighted_cross_entropy(weights: torch.Tensor):
     """``local_sgd`` task loss mean_s(q_s * CE_s) over a batch, looked up by sample index."""
 
@@ -175,8 +182,8 @@ class FedEM(Algorithm):
         m_count = cfg.num_components
         models = self._models(payload.tensors)
         pi_old = self.pi(state).to(ctx.device)
-        xg, yg = gap_subset(data, ctx)
-        received = F.nll_loss(mixture_log_probs(model_logits(ctx.model, models, xg), pi_old), yg)
+        xg, yg = gap_subset(data, ctx, self.config.gap_samples)
+        received = mixture_loss(ctx.model, models, pi_old, xg, yg)
         logits = model_logits(ctx.model, models, data.x_train)
         losses = F.cross_entropy(logits.flatten(0, 1), data.y_train.repeat(m_count), reduction="none")
         q, pi = e_step(losses.view(m_count, -1), pi_old)
@@ -197,7 +204,7 @@ class FedEM(Algorithm):
                 new_state.update({f"{MOMENTUM}{j}/{k}": v for k, v in buffers.items()})
             loss += float(pi[j]) * stats.loss
             steps += stats.steps
-        after = F.nll_loss(mixture_log_probs(model_logits(ctx.model, trained, xg), pi), yg)
+        after = mixture_loss(ctx.model, trained, pi, xg, yg)
         meta = {
             "num_examples": int(data.y_train.shape[0]),
             "train_loss": loss,

@@ -66,7 +66,7 @@ class PFedMe(GlobalModelAlgorithm):
     ) -> tuple[Update, ClientState]:
         cfg = self.config
         load_weights(ctx, payload.tensors)  # theta <- w_g
-        probe = GapProbe(data, ctx)
+        probe = GapProbe(data, ctx, self.config.gap_samples)
         w_loc = leaves(payload.tensors, [n for n, _ in ctx.model.named_parameters()], ctx.device)
         tap = BatchTap(data.x_train, data.y_train)
         # one slice holds any batch (local_sgd merges a trailing single sample into the last batch)

@@ -206,7 +206,7 @@ class PFedMoE(Algorithm):
         self, payload: Payload, data: ClientDataLike, state: ClientState, ctx: ClientContext
     ) -> tuple[Update, ClientState]:
         moe = self._load(payload, data, state, ctx)
-        xg, yg = gap_subset(data, ctx)
+        xg, yg = gap_subset(data, ctx, self.config.gap_samples)
         received = mean_loss(moe, xg, yg)
         params = [p for p in moe.parameters() if p.requires_grad]
         stats = local_sgd(moe, data.x_train, data.y_train, self.config, ctx.generator("train"), params=params)

@@ -76,7 +76,7 @@ class Scaffold(GlobalModelAlgorithm):
         cfg = self.config
         x, c = split_control(payload.tensors)
         load_weights(ctx, x)
-        probe = GapProbe(data, ctx)
+        probe = GapProbe(data, ctx, self.config.gap_samples)
         zeros = zeros_like_params(ctx.model)
         c = c or zeros
         c_i = state.tensors or zeros

@@ -125,7 +125,7 @@ class SuPerFed(GlobalModelAlgorithm):
     ) -> tuple[Update, ClientState]:
         cfg = self.config
         load_weights(ctx, payload.tensors)  # buffers (BN statistics) are w_f's and live in ctx.model
-        probe = GapProbe(data, ctx)
+        probe = GapProbe(data, ctx, self.config.gap_samples)
         names = [n for n, _ in ctx.model.named_parameters()]
         mixing = self.mixing(ctx)
         wf = leaves(payload.tensors, names, ctx.device)

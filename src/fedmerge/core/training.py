@@ -27,6 +27,12 @@ class LocalTraining(BaseModel):
     batch_size: int = Field(32, ge=1)
     momentum: float = Field(0.0, ge=0, lt=1)
     weight_decay: float = Field(0.0, ge=0)
+    gap_samples: int = Field(
+        0,
+        ge=0,
+        description="measure the local-global gap (training loss of the received vs. the trained model) on up to "
+        "this many training samples per client: two extra forward passes per client; 0 = off",
+    )
 
 
 @dataclass
