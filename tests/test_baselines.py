@@ -157,3 +157,28 @@ def test_stop_and_resume_is_bit_identical(tmp_path, case):
     run(cfg, tmp_path / "cut", stop_after=2)
     resumed = run(cfg, tmp_path / "cut", resume=True)
     assert_runs_identical(full.run_dir, resumed.run_dir)
+
+
+def test_apfl_evaluates_the_output_mixture(tmp_path):
+    from torch.func import functional_call
+
+    from fedmerge.experiment.runner import load_data
+    from fedmerge.models import build_model
+
+    cfg = quick_config("algorithm.name=apfl", "algorithm.alpha=0.3", "rounds=2")
+    res = run(cfg, tmp_path / "o")
+    ckpt = load_checkpoint(res.run_dir / "checkpoints")
+    data = load_data(cfg)
+    model = build_model(cfg.model, data.input_shape, data.num_classes).eval()
+    logged = json.loads((res.run_dir / "metrics.jsonl").read_text().splitlines()[-1])["eval"]["clients"]
+    for cid, client in enumerate(data.clients):
+        v, w = ckpt.client_states[cid].tensors, ckpt.server_state.tensors
+        with torch.no_grad():
+            out = 0.3 * functional_call(model, v, (client.x_test,)) + 0.7 * functional_call(model, w, (client.x_test,))
+        acc = float((out.argmax(1) == client.y_test).float().mean())
+        assert abs(logged[str(cid)]["test_acc"] - acc) < 1e-6
+    params = run(
+        quick_config("algorithm.name=apfl", "algorithm.alpha=0.3", "algorithm.personal_eval=mixture", "rounds=2"),
+        tmp_path / "p",
+    )
+    assert params.summary["last"]["clients"]["test_nll"] != res.summary["last"]["clients"]["test_nll"]

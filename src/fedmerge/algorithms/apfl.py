@@ -10,10 +10,10 @@ alpha <- clip(alpha - alpha_lr * (sum <v - w, alpha g_v + (1 - alpha) g_w> + 0.0
 Defaults: alpha 0.5, not adaptive (the reference's). v and alpha live in ClientState; w travels and
 is averaged by n_i.
 
-Evaluation (a protocol limit, see ``personalize``): the engine evaluates ONE set of weights of the
-model architecture, so the output mixture alpha f_v + (1-alpha) f_w cannot be evaluated as such. The
-personalised model is the *parameter* mixture alpha v + (1 - alpha) w_g (v and w start from the same
-initialisation and stay close), as PFLlib does; ``personal_eval: v`` evaluates v alone.
+Evaluation: the personalised model is the output mixture alpha f_v(x) + (1 - alpha) f_{w_g}(x) (the
+reference's ``inference_personal``; ``personal_eval: output``, the default), given to the engine as a
+predictor. ``personal_eval: mixture`` evaluates the *parameter* mixture alpha v + (1 - alpha) w_g
+instead (as PFLlib does) and ``v`` evaluates v alone.
 ``lambda_steps`` adds the parameter line (1 - lam) w_g + lam v as ``lambda=...`` variants (the
 paper's Fig. A2 comparison with SuPerFed).
 """
@@ -24,9 +24,17 @@ from typing import Literal
 
 import torch
 from pydantic import Field
+from torch.func import functional_call
 from torch.nn import functional as F
 
-from fedmerge.core.algorithm import ALGORITHMS, AlgorithmConfig, ClientContext, ClientDataLike, StateDict
+from fedmerge.core.algorithm import (
+    ALGORITHMS,
+    AlgorithmConfig,
+    ClientContext,
+    ClientDataLike,
+    Predictor,
+    StateDict,
+)
 from fedmerge.core.training import local_sgd
 from fedmerge.core.types import ClientState, Payload, Update
 
@@ -40,7 +48,10 @@ class APFLConfig(AlgorithmConfig):
     adaptive_alpha: bool = Field(False, description="update alpha by gradient once per round")
     alpha_lr: float | None = Field(None, gt=0, description="step size for alpha (default: lr)")
     alpha_decay: float = Field(0.02, ge=0, description="the reference's 0.02*alpha term in alpha's gradient")
-    personal_eval: Literal["mixture", "v"] = Field("mixture", description="evaluate alpha v + (1-alpha) w_g, or v")
+    personal_eval: Literal["output", "mixture", "v"] = Field(
+        "output",
+        description="evaluate the output mixture alpha f_v + (1-alpha) f_w (reference), the parameter mixture, or v",
+    )
     lambda_steps: int | None = Field(None, ge=1, description="also evaluate (1-lam) w_g + lam v on this grid")
 
 
@@ -108,11 +119,15 @@ class APFL(GlobalModelAlgorithm):
 
     def personalize_variants(
         self, payload: Payload, data: ClientDataLike, state: ClientState, ctx: ClientContext
-    ) -> dict[str, StateDict]:
+    ) -> dict[str, StateDict | Predictor]:
+        alpha = float(state.meta.get("alpha", self.config.alpha))
+        out: dict[str, StateDict | Predictor]
         if self.config.personal_eval == "v":
             out = {"": state.tensors}
+        elif self.config.personal_eval == "mixture":
+            out = {"": interpolate(payload.tensors, state.tensors, alpha)}
         else:
-            out = {"": interpolate(payload.tensors, state.tensors, float(state.meta.get("alpha", self.config.alpha)))}
+            out = {"": output_mixture(ctx.model, state.tensors, payload.tensors, alpha)}
         if self.config.lambda_steps:
             out.update(
                 {
@@ -123,4 +138,15 @@ class APFL(GlobalModelAlgorithm):
         return out
 
     def personalize(self, payload: Payload, data: ClientDataLike, state: ClientState, ctx: ClientContext) -> StateDict:
-        return self.personalize_variants(payload, data, state, ctx)[""]
+        """One set of weights (the parameter mixture), for callers that need a plain model."""
+        return interpolate(payload.tensors, state.tensors, float(state.meta.get("alpha", self.config.alpha)))
+
+
+def output_mixture(model: torch.nn.Module, v: StateDict, w: StateDict, alpha: float) -> Predictor:
+    """x -> alpha f_v(x) + (1 - alpha) f_w(x), both through ``model``'s architecture in eval mode."""
+
+    def predict(x: torch.Tensor) -> torch.Tensor:
+        model.eval()
+        return alpha * functional_call(model, v, (x,)) + (1 - alpha) * functional_call(model, w, (x,))
+
+    return predict
