@@ -64,8 +64,13 @@ def overrides(base: dict[str, Any], run: dict[str, Any]) -> list[str]:
 def method_label(cfg: dict[str, Any]) -> str:
     algo = cfg["algorithm"]
     name = algo["name"]
+    if name == "ifca":
+        return f"IFCA k={algo['num_clusters']}" + (" (shared body)" if algo.get("shared_body") else "")
+    if name == "fedem":
+        return f"FedEM M={algo['num_components']}"
     if name != "fedmerge":
-        return {"fedavg_ft": "FedAvg+", "fedavg": "FedAvg", "fedprox": "FedProx", "local": "Local"}.get(name, name)
+        labels = {"fedavg_ft": "FedAvg+", "fedavg": "FedAvg", "fedprox": "FedProx", "local": "Local", "pfedmoe": "pFedMoE"}
+        return labels.get(name, name)
     d = algo["num_models"]
     if algo["merge_weights"] == "fixed":
         return f"FedMerge fixed ({algo['fixed_k']}/{d})"
