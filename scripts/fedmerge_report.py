@@ -69,7 +69,13 @@ def method_label(cfg: dict[str, Any]) -> str:
     if name == "fedem":
         return f"FedEM M={algo['num_components']}"
     if name != "fedmerge":
-        labels = {"fedavg_ft": "FedAvg+", "fedavg": "FedAvg", "fedprox": "FedProx", "local": "Local", "pfedmoe": "pFedMoE"}
+        labels = {
+            "fedavg_ft": "FedAvg+",
+            "fedavg": "FedAvg",
+            "fedprox": "FedProx",
+            "local": "Local",
+            "pfedmoe": "pFedMoE",
+        }
         return labels.get(name, name)
     d = algo["num_models"]
     if algo["merge_weights"] == "fixed":
