@@ -3,7 +3,8 @@
     python scripts/superfed_report.py [CONFIG] [key=value ...]
 
 Every method runs with the config's schedule, data, model and local optimiser (lr, epochs, batch);
-only the method-specific fields differ (listed in METHODS). Runs go to runs/superfed-report/.
+only the method-specific fields differ (listed in METHODS). Runs go to runs/superfed-report/CONFIG/; the
+report to docs/reproductions/superfed.md for the default config, else docs/reproductions/CONFIG.md.
 """
 
 from __future__ import annotations
@@ -39,7 +40,10 @@ def main(argv: list[str]) -> None:
     overrides = [a for a in argv if "=" in a]
     base = load_config(config, overrides)
     start = {k: getattr(base.algorithm, k) for k in SUPERFED_KEYS if hasattr(base.algorithm, k)}
-    out_dir = ROOT / "runs" / "superfed-report"
+    stem = Path(config).stem
+    default = stem == "superfed_digits_pathological"
+    out_dir = ROOT / "runs" / "superfed-report" / stem
+    doc_path = ROOT / "docs/reproductions" / ("superfed.md" if default else f"{stem}.md")
     lines, lambda_dirs = [], {}
     for method, extra in METHODS.items():
         keep = [f"algorithm.{k}={v}" for k, v in start.items() if method.startswith("superfed") and k != "nu"]
@@ -67,7 +71,8 @@ def main(argv: list[str]) -> None:
     ]
     for method, run_dir in lambda_dirs.items():
         curve = lambda_curve(read_rows(run_dir))
-        img = plot_lambda(run_dir, ROOT / "docs/reproductions" / f"superfed_{method}_lambda.png")
+        prefix = "superfed" if default else stem
+        img = plot_lambda(run_dir, ROOT / "docs/reproductions" / f"{prefix}_{method}_lambda.png")
         pts = ", ".join(f"{lam:g}: {m:.3f}" for lam, m in zip(curve["lambdas"], curve["mean"]))
         doc += [
             f"**{method}** accuracy along lambda (round {curve['round']}): {pts}",
@@ -75,7 +80,7 @@ def main(argv: list[str]) -> None:
             f"![{method}]({img.name})",
             "",
         ]
-    (ROOT / "docs/reproductions/superfed.md").write_text("\n".join(doc))
+    doc_path.write_text("\n".join(doc))
 
 
 if __name__ == "__main__":
