@@ -50,8 +50,11 @@ def _cases() -> list[tuple[str, tuple[int, ...]]]:
     return cases
 
 
+TESTED_ELSEWHERE = {"minilm_lora"}  # token model on a pretrained backbone: tests/test_lora.py
+
+
 def test_every_registered_model_is_covered() -> None:
-    assert {n for n, _ in _cases()} == set(MODELS.names())
+    assert {n for n, _ in _cases()} == set(MODELS.names()) - TESTED_ELSEWHERE
 
 
 @pytest.mark.parametrize(("name", "shape"), _cases(), ids=lambda v: str(v))

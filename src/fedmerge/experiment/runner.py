@@ -245,6 +245,8 @@ def _parameter_counts(
         "server_state": float(state.num_parameters()),
         "client_state_mean": float(sum(s.num_parameters() for s in states) / max(len(states), 1)),
         "client_optimized": algorithm.client_optimized_parameters(model_params, states),
+        # models with a frozen backbone (LoRA) count only what trains and travels above; this is all
+        "model_full": float(getattr(model, "full_parameter_count", lambda: model_params)()),
     }
 
 
