@@ -83,6 +83,10 @@ def method_label(cfg: dict[str, Any]) -> str:
     extra = [] if algo["merge_grad"] == "all" else [f"{algo['merge_grad']} grad"]
     if algo["theta_update"] != "normalized":
         extra.append("sum update")
+    if algo["logit_step"] != "fixed_magnitude":
+        extra.append(f"{algo['logit_step']} logit step")
+    if algo["logit_lr"] != 0.01:
+        extra.append(f"logit step {algo['logit_lr']:g}")
     return f"FedMerge d={d}" + (f" ({', '.join(extra)})" if extra else "")
 
 
