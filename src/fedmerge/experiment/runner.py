@@ -208,9 +208,10 @@ def _open_engine(
 
     fs = cfg.flower or FlowerSettings()
     options = FlowerOptions(fs.min_replies, fs.max_retries, fs.round_timeout, fs.connect_timeout)
-    if grid is not None:  # deployment: the ServerApp was handed a Grid by the SuperLink
-        yield FlowerEngine(
-            grid,
+
+    def engine_on(target: Any) -> FlowerEngine:
+        return FlowerEngine(
+            target,
             cfg.model_dump(mode="json"),
             len(data.clients),
             model,
@@ -220,19 +221,12 @@ def _open_engine(
             data.pooled_test,
             cfg.eval_batch_size,
         )
+
+    if grid is not None:  # deployment: the ServerApp was handed a Grid by the SuperLink
+        yield engine_on(grid)
         return
     with simulation(len(data.clients), SimulationOptions(fs.num_cpus, fs.client_cpus, fs.client_gpus)) as relay:
-        yield FlowerEngine(
-            relay,
-            cfg.model_dump(mode="json"),
-            len(data.clients),
-            model,
-            device,
-            cfg.seed,
-            options,
-            data.pooled_test,
-            cfg.eval_batch_size,
-        )
+        yield engine_on(relay)
 
 
 def _parameter_counts(
