@@ -16,6 +16,11 @@ out = Console()
 err = Console(stderr=True)
 
 
+CONFIG_AND_OVERRIDES = typer.Argument(
+    None, metavar="CONFIG KEY=VALUE...", help="an optional YAML config, then key.path=value overrides"
+)
+
+
 def _fail(message: str, code: int) -> None:
     # escape: messages contain literal brackets (e.g. pip install -e '.[flower]') that rich would eat
     err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
@@ -39,7 +44,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
 
 @app.command()
 def run(
-    args: list[str] = typer.Argument(None, help="[CONFIG.yaml] [key.path=value ...]"),
+    args: list[str] = CONFIG_AND_OVERRIDES,
     resume: Path | None = typer.Option(None, "--resume", help="continue the run in this folder"),
     device: str | None = typer.Option(None, "--device", help="cpu, cuda, cuda:N or auto"),
     data_dir: str | None = typer.Option(None, "--data-dir", help="folder holding the dataset files"),
@@ -132,7 +137,7 @@ def list_components() -> None:
 
 @app.command()
 def partition(
-    args: list[str] = typer.Argument(None, help="[CONFIG.yaml] [key.path=value ...]"),
+    args: list[str] = CONFIG_AND_OVERRIDES,
     plot: Path | None = typer.Option(None, "--plot", help="save a per-client class histogram (PNG)"),
 ) -> None:
     """Print (and optionally plot) how a config splits the data among clients."""
