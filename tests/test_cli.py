@@ -69,3 +69,14 @@ def test_partition_command_prints_and_plots(tmp_path):
     )
     assert result.exit_code == 0, result.output
     assert png.exists() and png.stat().st_size > 1000
+
+
+def test_data_dir_option_points_the_dataset_at_a_folder(tmp_path):
+    runner = CliRunner()
+    result = runner.invoke(app, ["run", "dataset.name=fashion_mnist", "--data-dir", str(tmp_path), "--no-progress"])
+    assert result.exit_code == 2
+    assert str(tmp_path) in result.output and "apt-get install -y dataset-fashion-mnist" in result.output
+    result = runner.invoke(app, ["run", "--data-dir", str(tmp_path), "--no-progress"])  # digits ship with sklearn
+    assert result.exit_code == 2 and "reads no files" in result.output
+    cfg = load_config(None, ["dataset.name=npz", "dataset.path=a.npz", "dataset.data_dir=b.npz"])
+    assert cfg.dataset.path == "b.npz"  # user-file datasets take the folder/file as their path

@@ -124,6 +124,8 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             overrides = [f"dataset.name={inferred}", *overrides]
     for text in overrides:
         path, value = parse_override(text)
+        if path == ["dataset", "data_dir"]:
+            path = _data_dir_key(data.get("dataset") or {})
         node = data
         for i, part in enumerate(path[:-1]):
             child = node.get(part)
@@ -155,6 +157,18 @@ def _switch_component(section: str, node: dict[str, Any], new_name: Any) -> None
     accepted = registry.get(new_name).config.model_fields
     for key in [k for k in node if k not in accepted]:
         del node[key]
+
+
+def _data_dir_key(section: dict[str, Any]) -> list[str]:
+    """``--data-dir`` means ``dataset.data_dir`` for built-in sources and ``dataset.path`` for user files."""
+    name = section.get("name")
+    if name not in DATASETS:
+        return ["dataset", "data_dir"]  # validation reports the bad name
+    fields = DATASETS.get(name).config.model_fields
+    for key in ("data_dir", "path"):
+        if key in fields:
+            return ["dataset", key]
+    raise ConfigError(f"dataset.data_dir: dataset {name!r} reads no files (it ships inside its Python package)")
 
 
 def read_yaml(path: Path) -> dict[str, Any]:
