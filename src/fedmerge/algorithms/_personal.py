@@ -147,6 +147,11 @@ def average_updates(updates: Mapping[int, Update], weighting: Weighting = "sampl
     return weighted_average([updates[c].tensors for c in cids], weights)
 
 
+def half_sq_dist(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor], lam: float) -> torch.Tensor:
+    """(lam / 2) * sum_k ||a_k - b_k||^2: the proximal pull of Ditto and pFedMe."""
+    return 0.5 * lam * torch.stack([((a[k] - b[k]) ** 2).sum() for k in a]).sum()
+
+
 # --- local-global gap ----------------------------------------------------------------------
 class GapProbe:
     """The training loss of the model as received and as uploaded (on ``gap_subset``), as

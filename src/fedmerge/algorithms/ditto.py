@@ -28,7 +28,7 @@ from fedmerge.core.algorithm import ALGORITHMS, AlgorithmConfig, ClientContext, 
 from fedmerge.core.training import local_sgd
 from fedmerge.core.types import ClientState, Payload, ServerState, Update
 
-from ._personal import BatchTap, GapProbe, SecondModel, Weighting, average_updates
+from ._personal import BatchTap, GapProbe, SecondModel, Weighting, average_updates, half_sq_dist
 from .base import GlobalModelAlgorithm, load_weights, model_weights
 
 
@@ -46,10 +46,6 @@ class DittoConfig(AlgorithmConfig):
         if self.prox_step == "explicit" and (self.personal_lr or self.lr) * self.lam >= 2:
             raise ValueError("personal_lr * lam must be below 2 (the explicit proximal step diverges otherwise)")
         return self
-
-
-def prox(params: dict[str, torch.Tensor], anchor: dict[str, torch.Tensor], lam: float) -> torch.Tensor:
-    return 0.5 * lam * torch.stack([((params[k] - anchor[k]) ** 2).sum() for k in params]).sum()
 
 
 @ALGORITHMS.register(
@@ -76,7 +72,7 @@ class Ditto(GlobalModelAlgorithm):
 
         def personal_loss(_: torch.nn.Module) -> torch.Tensor:
             loss = F.cross_entropy(v(ctx.model, tap.x), tap.y)
-            return loss + prox(v.params, anchor, cfg.lam) if cfg.lam > 0 else loss
+            return loss + half_sq_dist(v.params, anchor, cfg.lam) if cfg.lam > 0 else loss
 
         plr = cfg.personal_lr or cfg.lr
         if cfg.prox_step == "implicit":

@@ -31,7 +31,7 @@ from fedmerge.core.algorithm import ALGORITHMS, AlgorithmConfig, ClientContext, 
 from fedmerge.core.training import LocalTraining, local_sgd
 from fedmerge.core.types import ClientState, Payload, ServerState, Update
 
-from ._personal import BatchTap, GapProbe, average_updates, detached, leaves
+from ._personal import BatchTap, GapProbe, average_updates, detached, half_sq_dist, leaves
 from .base import GlobalModelAlgorithm, load_weights, model_weights
 
 
@@ -41,10 +41,6 @@ class PFedMeConfig(AlgorithmConfig):
     personal_lr: float = Field(0.09, gt=0, description="step size of the inner solve on theta")
     inner_steps: int = Field(5, ge=1, description="K: inner steps on theta per minibatch")
     beta: float = Field(1.0, gt=0, description="server step: w <- (1-beta) w + beta avg")
-
-
-def half_sq_dist(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], lam: float) -> torch.Tensor:
-    return 0.5 * lam * torch.stack([((a[k] - b[k]) ** 2).sum() for k in a]).sum()
 
 
 @ALGORITHMS.register(
