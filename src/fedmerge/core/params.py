@@ -6,6 +6,8 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
+from .merge import weighted_merge
+
 StateDict = dict[str, torch.Tensor]
 
 
@@ -30,10 +32,7 @@ def weighted_average(states: Sequence[Mapping[str, torch.Tensor]], weights: Sequ
     out: StateDict = {}
     for key, first in states[0].items():
         if first.is_floating_point():
-            acc = first.detach() * coefs[0]
-            for c, s in zip(coefs[1:], states[1:]):
-                acc = acc + s[key].detach() * c
-            out[key] = acc
+            out[key] = weighted_merge([s[key].detach() for s in states], coefs)
         else:
             acc = sum(c * s[key].double() for c, s in zip(coefs, states))
             out[key] = torch.round(acc).to(first.dtype)

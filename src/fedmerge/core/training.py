@@ -83,6 +83,7 @@ def local_sgd(
     params: Iterable[nn.Parameter] | None = None,
     extra_loss: ExtraLoss | None = None,
     before_step: BeforeStep | None = None,
+    after_step: BeforeStep | None = None,
     optimizer: torch.optim.Optimizer | None = None,
     forward: Callable[[torch.Tensor], torch.Tensor] | None = None,
     loss_fn: BatchLoss | None = None,
@@ -96,6 +97,8 @@ def local_sgd(
     forward through interpolated weights with ``torch.func.functional_call``); ``params`` must then
     name the tensors it trains. ``loss_fn(logits, y, idx)`` replaces the mean cross-entropy as the
     task loss; ``idx`` are the batch's sample indices into (x, y), for per-sample weights (FedEM).
+    ``after_step(model)`` runs after each optimiser step (LIVAR's path-integral importance reads the
+    step's parameter change there, with the gradients still in place).
     """
     model.train()
     if optimizer is None:
@@ -117,6 +120,8 @@ def local_sgd(
         if before_step is not None:
             before_step(model)
         optimizer.step()
+        if after_step is not None:
+            after_step(model)
         total_loss += task_loss.detach().double().cpu()
         steps += 1
         samples += int(yb.shape[0])
