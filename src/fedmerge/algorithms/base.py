@@ -9,7 +9,7 @@ import torch
 from fedmerge.core.algorithm import Algorithm, ClientContext, ClientDataLike, StateDict
 from fedmerge.core.params import clone_state, weighted_average
 from fedmerge.core.seeding import NO_ROUND, torch_generator
-from fedmerge.core.training import ExtraLoss, LocalTraining, local_sgd, mean_loss
+from fedmerge.core.training import BeforeStep, ExtraLoss, LocalTraining, local_sgd, mean_loss
 from fedmerge.core.types import ClientState, Payload, ServerState, Update
 
 
@@ -39,6 +39,8 @@ def train_received(
     cfg: LocalTraining,
     ctx: ClientContext,
     extra_loss: ExtraLoss | None = None,
+    before_step: BeforeStep | None = None,
+    after_step: BeforeStep | None = None,
 ) -> dict[str, Any]:
     """Load the received weights into ``ctx.model``, train locally, and return the update's meta.
 
@@ -50,7 +52,10 @@ def train_received(
     load_weights(ctx, weights)
     xg, yg = gap_subset(data, ctx, cfg.gap_samples)
     received = mean_loss(ctx.model, xg, yg)
-    stats = local_sgd(ctx.model, data.x_train, data.y_train, cfg, ctx.generator("train"), extra_loss=extra_loss)
+    stats = local_sgd(
+        ctx.model, data.x_train, data.y_train, cfg, ctx.generator("train"),
+        extra_loss=extra_loss, before_step=before_step, after_step=after_step,
+    )  # fmt: skip
     return {
         "num_examples": int(data.y_train.shape[0]),
         "train_loss": stats.loss,
