@@ -55,7 +55,11 @@ def weighted_merge(
         w64 = torch.as_tensor(w, dtype=torch.float64, device=ref.device) + floor
         if bool((w64 < 0).any()):
             raise ValueError("merge weights must be non-negative")
-        if torch.broadcast_shapes(w64.shape, ref.shape) != ref.shape:
+        try:
+            fits = torch.broadcast_shapes(w64.shape, ref.shape) == ref.shape
+        except RuntimeError:
+            fits = False
+        if not fits:
             raise ValueError(f"a weight of shape {tuple(w64.shape)} does not broadcast to {tuple(ref.shape)}")
         num = num + w64 * t.double()
         den = den + w64

@@ -1,0 +1,68 @@
+"""The shared merge function (fedmerge.core.merge) that FedAvg, LIVAR, Fisher and RegMean call."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fedmerge.algorithms.merging import merge, merge_weights
+from fedmerge.core.merge import gram_merge, scale_off_diagonal, weighted_merge
+from fedmerge.core.params import weighted_average
+
+
+def test_scalar_weights_are_one_row_of_fedmerges_merge():
+    gen = torch.Generator().manual_seed(0)
+    theta = torch.randn(4, 50, generator=gen, dtype=torch.float64)
+    logits = torch.randn(1, 4, generator=gen)
+    w = merge_weights(logits)
+    rows = merge(w, theta)
+    ours = weighted_merge(list(theta), w[0].tolist())
+    assert torch.allclose(ours, rows[0], atol=1e-12)
+
+
+def test_fedavg_average_goes_through_it_with_sample_counts():
+    a, b = {"w": torch.tensor([1.0, 2.0]), "n": torch.tensor(3)}, {"w": torch.tensor([3.0, 6.0]), "n": torch.tensor(5)}
+    avg = weighted_average([a, b], [1, 3])
+    assert torch.allclose(avg["w"], torch.tensor([2.5, 5.0]))
+    assert avg["n"].dtype == torch.int64 and int(avg["n"]) == 4  # integer counters are rounded
+
+
+def test_per_row_weights_with_fallback_and_elementwise_weights():
+    t0, t1 = torch.ones(3, 2), 3 * torch.ones(3, 2)
+    prev = torch.full((3, 2), -1.0)
+    rows = weighted_merge([t0, t1], [torch.tensor([[1.0], [0.0], [0.0]]), torch.tensor([[1.0], [2.0], [0.0]])], prev)
+    assert torch.equal(rows, torch.tensor([[2.0, 2.0], [3.0, 3.0], [-1.0, -1.0]]))
+    elem = weighted_merge([t0, t1], [torch.tensor([[1.0, 0.0]] * 3), torch.tensor([[1.0, 1.0]] * 3)])
+    assert torch.equal(elem[:, 0], torch.full((3,), 2.0)) and torch.equal(elem[:, 1], torch.full((3,), 3.0))
+    # no weight anywhere and no fallback: the plain mean; a floor makes zero weights count equally
+    assert torch.equal(weighted_merge([t0, t1], [0.0, 0.0]), 2 * torch.ones(3, 2))
+    assert torch.allclose(weighted_merge([t0, t1], [0.0, 1e-12], floor=1.0), 2 * torch.ones(3, 2))
+
+
+def test_bad_weights_are_refused():
+    t = torch.zeros(3, 2)
+    with pytest.raises(ValueError, match="non-negative"):
+        weighted_merge([t, t], [1.0, -1.0])
+    with pytest.raises(ValueError, match="does not broadcast"):
+        weighted_merge([t, t], [torch.ones(3, 3), torch.ones(3, 3)])
+    with pytest.raises(ValueError, match="shapes"):
+        weighted_merge([t, torch.zeros(2, 3)], [1.0, 1.0])
+    with pytest.raises(ValueError, match="2 tensors but 1 weights"):
+        weighted_merge([t, t], [1.0])
+
+
+def test_gram_merge_shrinks_off_diagonals_and_matches_the_least_squares_solution():
+    gen = torch.Generator().manual_seed(1)
+    xs = [torch.randn(20, 4, generator=gen, dtype=torch.float64) for _ in range(2)]
+    ws = [torch.randn(3, 4, generator=gen, dtype=torch.float64) for _ in range(2)]
+    merged = gram_merge(ws, [x.T @ x for x in xs])
+    # argmin_W sum_i ||X_i W^T - X_i W_i^T||^2 by ordinary least squares on the stacked problem
+    x = torch.cat(xs)
+    y = torch.cat([xi @ wi.T for xi, wi in zip(xs, ws)])
+    lstsq = torch.linalg.lstsq(x, y).solution.T
+    assert torch.allclose(merged, lstsq, atol=1e-10)
+    g = torch.tensor([[2.0, 1.0], [1.0, 4.0]])
+    assert torch.equal(scale_off_diagonal(g, 0.5), torch.tensor([[2.0, 0.5], [0.5, 4.0]]))
+    # alpha = 0 keeps only the diagonals: an elementwise, per-input-column weighted mean
+    d = gram_merge([torch.ones(1, 2), 3 * torch.ones(1, 2)], [g, 3 * g], alpha=0.0)
+    assert torch.allclose(d, torch.full((1, 2), 2.5))
