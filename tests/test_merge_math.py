@@ -66,3 +66,11 @@ def test_gram_merge_shrinks_off_diagonals_and_matches_the_least_squares_solution
     # alpha = 0 keeps only the diagonals: an elementwise, per-input-column weighted mean
     d = gram_merge([torch.ones(1, 2), 3 * torch.ones(1, 2)], [g, 3 * g], alpha=0.0)
     assert torch.allclose(d, torch.full((1, 2), 2.5))
+
+
+def test_gram_merge_keeps_the_average_along_directions_no_client_spans():
+    w1, w2 = torch.tensor([[1.0, 2.0, 5.0]]), torch.tensor([[3.0, 4.0, 7.0]])
+    g1 = torch.diag(torch.tensor([1.0, 0.0, 0.0]))  # client 1 only sees input 0, client 2 only input 1
+    g2 = torch.diag(torch.tensor([0.0, 1.0, 0.0]))
+    merged = gram_merge([w1, w2], [g1, g2])
+    assert torch.allclose(merged, torch.tensor([[1.0, 4.0, 6.0]]))  # input 2: nobody, the average

@@ -84,14 +84,17 @@ def gram_merge(
     grams: Sequence[Tensor],
     alpha: float = 1.0,
     coefficients: Sequence[float] | None = None,
+    rtol: float = 1e-7,
 ) -> Tensor:
     """RegMean's closed form for a linear map ``y = W x`` (``W`` is ``(out, in)``, ``G_i`` is ``(in, in)``):
 
         W* = (sum_i c_i W_i G~_i) (sum_i c_i G~_i)^+,   G~_i = alpha G_i + (1 - alpha) diag(G_i)
 
     i.e. the ``W`` minimising ``sum_i c_i ||X_i W^T - X_i W_i^T||^2`` when ``G_i = X_i^T X_i``.
-    ``coefficients`` (default 1) are per-client model weights. Solved in float64 with a pseudo-inverse,
-    so directions no client's inputs span are set to zero rather than blowing up.
+    ``coefficients`` (default 1) are per-client model weights. Solved in float64 with a pseudo-inverse
+    (eigenvalues below ``rtol`` x the largest count as zero): along input directions no client's inputs
+    span, where the objective says nothing, the merged map is the coefficient-weighted average of the
+    ``W_i`` instead of zero (e.g. the columns of always-blank pixels keep their averaged weights).
     """
     if not weights or len(weights) != len(grams):
         raise ValueError("gram_merge needs one Gram matrix per weight matrix")
@@ -102,10 +105,14 @@ def gram_merge(
     n_in = w0.shape[1]
     lhs = torch.zeros((w0.shape[0], n_in), dtype=torch.float64, device=w0.device)
     total = torch.zeros((n_in, n_in), dtype=torch.float64, device=w0.device)
+    mean = torch.zeros_like(lhs)
     for w, g, c in zip(weights, grams, coefficients):
         if g.shape != (n_in, n_in):
             raise ValueError(f"Gram of shape {tuple(g.shape)} does not match a weight with {n_in} inputs")
         g = scale_off_diagonal(g.double(), alpha) * float(c)
         lhs = lhs + w.double() @ g
         total = total + g
-    return (lhs @ torch.linalg.pinv(total, hermitian=True)).to(w0.dtype)
+        mean = mean + float(c) * w.double()
+    inv = torch.linalg.pinv(total, rtol=rtol, hermitian=True)
+    unspanned = torch.eye(n_in, dtype=torch.float64, device=w0.device) - total @ inv
+    return (lhs @ inv + (mean / sum(coefficients)) @ unspanned).to(w0.dtype)

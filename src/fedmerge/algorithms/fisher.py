@@ -1,0 +1,131 @@
+"""Fisher-weighted averaging (Matena & Raffel 2022, "Merging models with Fisher-weighted averaging").
+
+Clients train like FedAvg, then estimate the diagonal Fisher ``F_i`` of every trainable floating
+parameter of the trained model (eval mode) on up to ``fisher_samples`` training examples (a seeded random
+subset when there are more), averaged over examples:
+
+- ``exact``: ``sum_y p(y|x) (d log p(y|x) / d theta)^2`` (C backward passes per example);
+- ``sampled`` (default): one ``y ~ p(y|x)`` per example, an unbiased one-backward estimate of ``exact``
+  (drawn from ``ctx.generator("fisher")``, so runs and resumes are reproducible);
+- ``empirical``: the true label ``y``.
+
+Gradients are taken one example at a time with plain autograd, so any model works (no vmap needed).
+The server merges each parameter elementwise, ``theta* = sum_i (F_i + eps) theta_i / sum_i (F_i + eps)``
+(:func:`fedmerge.core.merge.weighted_merge`; ``eps = 1e-6`` is the official "fisher floor"; with
+``eps = 0`` entries no client has Fisher mass for get the plain mean). ``normalize`` first divides each
+client's Fisher by its global L2 norm over all parameters (the official option). Buffers (e.g. BatchNorm
+statistics) and frozen parameters are averaged by sample count ``n_i``. Fishers travel in the update
+under ``fisher/<parameter name>``; the server state is exactly the model's state dict.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from pydantic import Field
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+from fedmerge.core.algorithm import ALGORITHMS, AlgorithmConfig, ClientContext, ClientDataLike
+from fedmerge.core.merge import weighted_merge
+from fedmerge.core.params import weighted_average
+from fedmerge.core.types import ClientState, Payload, ServerState, Update
+
+from ._features import take_prefix, with_prefix
+from .base import GlobalModelAlgorithm, model_weights, train_received
+from .regmean import random_subset
+
+FISHER = "fisher/"
+Estimator = Literal["sampled", "exact", "empirical"]
+
+
+class FisherAvgConfig(AlgorithmConfig):
+    name: Literal["fisher_avg"] = "fisher_avg"
+    estimator: Estimator = Field(
+        "sampled",
+        description="exact: sum over classes weighted by p(y|x); sampled: one y ~ p(y|x) per example; "
+        "empirical: the true label",
+    )
+    fisher_samples: int = Field(256, ge=1, description="cap on the training examples per Fisher (seeded subset)")
+    eps: float = Field(1e-6, ge=0, description="floor added to every Fisher entry before merging")
+    normalize: bool = Field(False, description="divide each client's Fisher by its global L2 norm before merging")
+
+
+def diagonal_fisher(
+    model: nn.Module, x: Tensor, y: Tensor, estimator: Estimator = "sampled", generator: torch.Generator | None = None
+) -> dict[str, Tensor]:
+    """Diagonal Fisher ``{parameter name: F}`` of ``model``'s trainable floating parameters, averaged
+    over the examples of ``x`` (eval mode, one example per backward pass). ``generator`` (CPU) draws the
+    labels of the ``sampled`` estimator."""
+    params = {n: p for n, p in model.named_parameters() if p.requires_grad and p.is_floating_point()}
+    tensors = list(params.values())
+    fisher = {n: torch.zeros_like(p, memory_format=torch.contiguous_format) for n, p in params.items()}
+
+    def add(output: Tensor, weight: float | Tensor, retain: bool) -> None:
+        grads = torch.autograd.grad(output, tensors, retain_graph=retain, allow_unused=True)
+        for f, g in zip(fisher.values(), grads):
+            if g is not None:  # a parameter this forward does not use has zero gradient
+                f.add_(weight * g.detach() ** 2)
+
+    n = int(x.shape[0])
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.enable_grad():
+            for i in range(n):
+                logp = F.log_softmax(model(x[i : i + 1]), dim=-1)[0]
+                if estimator == "exact":
+                    probs = logp.detach().exp()
+                    for c in range(int(logp.shape[0])):
+                        add(logp[c], probs[c], retain=c + 1 < logp.shape[0])
+                    continue
+                if estimator == "sampled":
+                    c = int(torch.multinomial(logp.detach().exp().float().cpu(), 1, generator=generator))
+                elif estimator == "empirical":
+                    c = int(y[i])
+                else:
+                    raise ValueError(f"unknown Fisher estimator {estimator!r}")
+                add(logp[c], 1.0, retain=False)
+    finally:
+        model.train(was_training)
+    return {k: v / max(n, 1) for k, v in fisher.items()}
+
+
+@ALGORITHMS.register(
+    "fisher_avg",
+    config=FisherAvgConfig,
+    description="Fisher averaging: parameters merged elementwise by clients' diagonal Fishers",
+)
+class FisherAveraging(GlobalModelAlgorithm):
+    name = "fisher_avg"
+
+    def client_update(
+        self, payload: Payload, data: ClientDataLike, state: ClientState, ctx: ClientContext
+    ) -> tuple[Update, ClientState]:
+        meta = train_received(payload.tensors, data, self.config, ctx)
+        gen = ctx.generator("fisher")  # draws the subset, then the sampled labels
+        x, y = random_subset(data.x_train, data.y_train, self.config.fisher_samples, gen)
+        fisher = diagonal_fisher(ctx.model, x, y, self.config.estimator, gen)
+        return Update({**model_weights(ctx), **with_prefix(FISHER, fisher)}, meta), state
+
+    def aggregate(self, state: ServerState, rnd: int, updates: dict[int, Update]) -> ServerState:
+        cids = sorted(updates)
+        split = [take_prefix(FISHER, updates[c].tensors) for c in cids]
+        fishers, weights = [f for f, _ in split], [w for _, w in split]
+        if self.config.normalize:
+            fishers = [_normalized(f) for f in fishers]
+        # n_i-average everything (buffers, frozen parameters), then overwrite the Fisher-merged parameters
+        merged = weighted_average(weights, [updates[c].num_examples for c in cids])
+        for key in fishers[0]:
+            if key in merged and all(key in f for f in fishers):
+                merged[key] = weighted_merge(
+                    [w[key] for w in weights], [f[key] for f in fishers], floor=self.config.eps
+                )
+        return ServerState(merged, dict(state.meta))
+
+
+def _normalized(fisher: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Each entry divided by the L2 norm of all entries together (left as is when that norm is 0)."""
+    norm = float(sum(float((f.double() ** 2).sum()) for f in fisher.values())) ** 0.5
+    return fisher if norm == 0 else {k: f / norm for k, f in fisher.items()}
