@@ -13,6 +13,7 @@ LIVAR also runs with that proxy-calibrated table.
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -46,12 +47,14 @@ def slug(text: str) -> str:
 
 
 def run_once(config: str, overrides: list[str], run_dir: Path) -> dict:
+    """The run's summary; read back when ``run_dir`` already holds a finished run (reports resume)."""
     done = run_dir / "summary.json"
     if done.exists():
         return json.loads(done.read_text())
     t0 = time.perf_counter()
     summary = run_experiment(load_config(config, overrides), run_dir, show_progress=False).summary
-    print(f"{run_dir.name}: {summary['last']['global']['test_acc']:.4f} ({time.perf_counter() - t0:.0f} s)", flush=True)
+    acc = summary["last"]["clients"]["test_acc"]["mean"]
+    print(f"{run_dir.name}: mean client test_acc {acc:.4f} ({time.perf_counter() - t0:.0f} s)", flush=True)
     return summary
 
 
@@ -81,6 +84,25 @@ def write(doc_path: Path, argv: list[str], config: str, results: dict, ablation:
         *[f"| {name} | {cell(ablation.get(name))} |" for name in ABLATION],
         "",
     ]
+    if CALIBRATED.exists():
+        table = json.loads(CALIBRATED.read_text())
+        img = doc_path.parent / "livar_shap_dependence.png"
+        shutil.copyfile(CALIBRATED.parent / "shap_dependence.png", img)
+        a, b = table["a_edges"], table["b_edges"]
+        lines += [
+            "## G_SHAP calibrated on a proxy task",
+            "",
+            "`fedmerge livar calibrate configs/livar_proxy_bible.yaml --out runs/livar-calibration` (Bible verses ->",
+            f"genre, 5 clients; {table['source']}; SHAP base value {table['base']:.4f}). Rows: s_A quantile bins",
+            f"(edges {a}), columns: s_B bins (edges {b}). The paper's Table A is the default table.",
+            "",
+            "| | " + " | ".join(f"B bin {j}" for j in range(len(b) + 1)) + " |",
+            "|---|" + "---|" * (len(b) + 1),
+            *[f"| A bin {i} | " + " | ".join(f"{v:.4f}" for v in row) + " |" for i, row in enumerate(table["values"])],
+            "",
+            f"![SHAP dependence]({img.name})",
+            "",
+        ]
     doc_path.write_text("\n".join(lines))
 
 
