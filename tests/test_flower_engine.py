@@ -140,6 +140,23 @@ def test_fake_grid_run_matches_local_and_keeps_state_in_context(tmp_path, task_i
     assert all(int(m.content.config_records["fedmerge.job"]["cid"]) == node_pid[m.metadata.dst_node_id] for m in trains)
 
 
+@pytest.mark.parametrize(
+    "algo",
+    [
+        ["algorithm.name=livar", "algorithm.ccvr={samples_per_class: 10}"],
+        ["algorithm.name=regmean", "algorithm.gram_samples=50"],
+        ["algorithm.name=fisher_avg", "algorithm.fisher_samples=16"],
+        ["algorithm.name=fedproto"],
+    ],
+    ids=lambda a: a[0].split("=")[1],
+)
+def test_aggregation_rules_send_their_statistics_through_flower_unchanged(tmp_path, task_identity, algo):
+    # Client statistics (Grams, Fishers, class moments, importances) ride in the update as tensors.
+    flower = run_on_grid(tmp_path, FakeGrid(4), *algo, "participation=0.5")
+    local = run(quick_config(*SMALL, *algo, "participation=0.5"), tmp_path / "local")
+    assert_runs_identical(local.run_dir, flower.run_dir)
+
+
 def test_each_client_gets_its_own_payload(tmp_path, task_identity):
     from fedmerge.core.types import Payload
     from fedmerge.engines.flower.records import get_record
