@@ -15,6 +15,7 @@ from fedmerge.algorithms._shap_table import ShapTable, layer_coefficients
 from fedmerge.core.checkpoint import load_checkpoint
 from fedmerge.core.training import LocalTraining, local_sgd
 from fedmerge.core.types import ServerState, Update
+from fedmerge.experiment.config import ConfigError
 from fedmerge.experiment.results import RunStore
 from fedmerge.experiment.runner import load_data
 from fedmerge.models import build_model
@@ -122,6 +123,9 @@ def test_table_validation_and_round_trip(tmp_path):
     assert ShapTable.load(tmp_path / "t.json") == ShapTable.paper()
     with pytest.raises(FileNotFoundError, match="livar calibrate"):
         ShapTable.load(tmp_path / "missing.json")
+    (tmp_path / "bad.json").write_text('{"a_edges": [1]}')
+    with pytest.raises(ConfigError, match=r"algorithm.shap_table: .*not a G_SHAP table \(b_edges: Field required\)"):
+        quick_config("algorithm.name=livar", f"algorithm.shap_table={tmp_path / 'bad.json'}")
 
 
 class TinyLoRA(nn.Module):

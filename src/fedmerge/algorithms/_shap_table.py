@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from torch import Tensor
 
 
@@ -62,7 +62,14 @@ class ShapTable(BaseModel):
         p = Path(path).expanduser()
         if not p.is_file():
             raise FileNotFoundError(f"no G_SHAP table at {p} (write one with `fedmerge livar calibrate`)")
-        return cls.model_validate(json.loads(p.read_text()))
+        try:
+            return cls.model_validate(json.loads(p.read_text()))
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{p}: not JSON ({exc})") from None
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            where = ".".join(str(x) for x in err["loc"]) or "table"
+            raise ValueError(f"{p}: not a G_SHAP table ({where}: {err['msg']})") from None
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.model_dump(), indent=2) + "\n")

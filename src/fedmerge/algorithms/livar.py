@@ -35,7 +35,7 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from fedmerge.core.algorithm import ALGORITHMS, AlgorithmConfig, ClientContext, ClientDataLike, ModelFactory
 from fedmerge.core.merge import weighted_merge
@@ -69,6 +69,16 @@ class LIVARConfig(AlgorithmConfig):
         "round", description="importance sums over this round's steps, or over all rounds (reference code)"
     )
     ccvr: CCVRSettings | None = Field(None, description="set (e.g. ccvr={}) to re-train the head with CCVR after")
+
+    @field_validator("shap_table")
+    @classmethod
+    def _table_loads(cls, path: str | None) -> str | None:
+        if path is not None:
+            try:
+                ShapTable.load(path)
+            except (OSError, ValueError) as exc:  # a missing file, bad JSON or an invalid table
+                raise ValueError(str(exc).splitlines()[0]) from None
+        return path
 
 
 @ALGORITHMS.register(
