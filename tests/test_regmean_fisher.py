@@ -224,6 +224,24 @@ def test_fisher_estimators_match_brute_force():
     )
 
 
+@pytest.mark.parametrize("estimator", ["exact", "empirical", "sampled"])
+def test_fisher_per_example_loop_fallback_matches_the_vmapped_path(monkeypatch, estimator):
+    # Models that cannot be vmapped (the LoRA transformer) take the loop; both must agree exactly.
+    import fedmerge.algorithms.fisher as fisher_module
+
+    model = tiny_model()
+    x, y = torch.randn(5, 3, generator=torch.Generator().manual_seed(2)), torch.tensor([0, 3, 1, 1, 2])
+    fast = diagonal_fisher(model, x, y, estimator, torch.Generator().manual_seed(3))
+
+    def unvmappable(*args, **kwargs):
+        raise RuntimeError("vmap: data-dependent control flow")
+
+    monkeypatch.setattr(fisher_module, "_vmapped", unvmappable)
+    slow = diagonal_fisher(model, x, y, estimator, torch.Generator().manual_seed(3))
+    for k in fast:
+        torch.testing.assert_close(slow[k], fast[k], rtol=1e-5, atol=1e-8)
+
+
 # --- real runs ----------------------------------------------------------------------------------
 
 RUNS = {

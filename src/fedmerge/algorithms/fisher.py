@@ -56,11 +56,67 @@ def diagonal_fisher(
     model: nn.Module, x: Tensor, y: Tensor, estimator: Estimator = "sampled", generator: torch.Generator | None = None
 ) -> dict[str, Tensor]:
     """Diagonal Fisher ``{parameter name: F}`` of ``model``'s trainable floating parameters, averaged
-    over the examples of ``x`` (eval mode, one example per backward pass). ``generator`` (CPU) draws the
-    labels of the ``sampled`` estimator."""
+    over the examples of ``x`` (eval mode). ``generator`` (CPU) draws the labels of the ``sampled``
+    estimator, all at once from one batched forward pass, so both paths below use the same labels.
+
+    Per-example gradients come from ``torch.func.vmap`` in chunks (one batched pass instead of one
+    backward per example: ~20x faster on small models); models whose forward cannot be vmapped (data-
+    dependent control flow, e.g. the LoRA transformer trimming padding) fall back to one backward per example.
+    """
+    if estimator not in ("sampled", "exact", "empirical"):
+        raise ValueError(f"unknown Fisher estimator {estimator!r}")
     params = {n: p for n, p in model.named_parameters() if p.requires_grad and p.is_floating_point()}
+    n = int(x.shape[0])
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            probs = torch.cat([F.softmax(model(x[i : i + 256]), -1) for i in range(0, n, 256)]) if n else None
+        if probs is None:
+            return {k: torch.zeros_like(p) for k, p in params.items()}
+        if estimator == "sampled":
+            labels = torch.multinomial(probs.float().cpu(), 1, generator=generator)[:, 0].to(x.device)
+        else:
+            labels = y
+        try:
+            fisher = _vmapped(model, params, x, labels, probs, estimator)
+        except RuntimeError:
+            fisher = _looped(model, params, x, labels, probs, estimator)
+    finally:
+        model.train(was_training)
+    return {k: v / n for k, v in fisher.items()}
+
+
+def _vmapped(model, params, x, labels, probs, estimator, chunk: int = 64) -> dict[str, Tensor]:
+    from torch.func import functional_call, grad, jacrev, vmap
+
+    detached = {k: v.detach() for k, v in params.items()}
+    frozen = {k: v for k, v in model.named_parameters() if k not in params}
+    buffers = dict(model.named_buffers())
+
+    def log_probs(p: dict[str, Tensor], xi: Tensor) -> Tensor:
+        return F.log_softmax(functional_call(model, ({**frozen, **p}, buffers), (xi[None],)), dim=-1)[0]
+
+    def one(p: dict[str, Tensor], xi: Tensor, ci: Tensor, pi: Tensor) -> dict[str, Tensor]:
+        if estimator == "exact":  # sum_c p(c|x) (d log p(c|x))^2, all classes at once
+            jac = jacrev(log_probs)(p, xi)
+            return {k: torch.einsum("c,c...->...", pi, j**2) for k, j in jac.items()}
+        g = grad(lambda q: log_probs(q, xi)[ci])(p)
+        return {k: v**2 for k, v in g.items()}
+
+    total = {k: torch.zeros_like(v) for k, v in detached.items()}
+    for i in range(0, int(x.shape[0]), chunk):
+        out = vmap(one, in_dims=(None, 0, 0, 0))(
+            detached, x[i : i + chunk], labels[i : i + chunk], probs[i : i + chunk]
+        )
+        for k in total:
+            total[k] += out[k].sum(0)
+    return total
+
+
+def _looped(model, params, x, labels, probs, estimator) -> dict[str, Tensor]:
     tensors = list(params.values())
-    fisher = {n: torch.zeros_like(p, memory_format=torch.contiguous_format) for n, p in params.items()}
+    fisher = {k: torch.zeros_like(p, memory_format=torch.contiguous_format) for k, p in params.items()}
 
     def add(output: Tensor, weight: float | Tensor, retain: bool) -> None:
         grads = torch.autograd.grad(output, tensors, retain_graph=retain, allow_unused=True)
@@ -68,28 +124,15 @@ def diagonal_fisher(
             if g is not None:  # a parameter this forward does not use has zero gradient
                 f.add_(weight * g.detach() ** 2)
 
-    n = int(x.shape[0])
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.enable_grad():
-            for i in range(n):
-                logp = F.log_softmax(model(x[i : i + 1]), dim=-1)[0]
-                if estimator == "exact":
-                    probs = logp.detach().exp()
-                    for c in range(int(logp.shape[0])):
-                        add(logp[c], probs[c], retain=c + 1 < logp.shape[0])
-                    continue
-                if estimator == "sampled":
-                    c = int(torch.multinomial(logp.detach().exp().float().cpu(), 1, generator=generator))
-                elif estimator == "empirical":
-                    c = int(y[i])
-                else:
-                    raise ValueError(f"unknown Fisher estimator {estimator!r}")
-                add(logp[c], 1.0, retain=False)
-    finally:
-        model.train(was_training)
-    return {k: v / max(n, 1) for k, v in fisher.items()}
+    with torch.enable_grad():
+        for i in range(int(x.shape[0])):
+            logp = F.log_softmax(model(x[i : i + 1]), dim=-1)[0]
+            if estimator == "exact":
+                for c in range(int(logp.shape[0])):
+                    add(logp[c], probs[i, c], retain=c + 1 < logp.shape[0])
+            else:
+                add(logp[int(labels[i])], 1.0, retain=False)
+    return fisher
 
 
 @ALGORITHMS.register(
