@@ -42,7 +42,8 @@ def main(argv: list[str]) -> None:
     overrides = [a for a in argv if "=" in a]
     base = load_config(config, overrides)
     start = {k: getattr(base.algorithm, k) for k in SUPERFED_KEYS if hasattr(base.algorithm, k)}
-    tag = slug("_".join(o.split(".")[-1] for o in overrides if not o.startswith("threads=")))
+    short = [o.split("=")[0].split(".")[-1] + "=" + o.split("=", 1)[1] for o in overrides]
+    tag = slug("_".join(o for o in short if not o.startswith("threads=")))
     stem = Path(config).stem + (f"_{tag}" if tag else "")
     default = stem == "superfed_digits_pathological"
     out_dir = ROOT / "runs" / "superfed-report" / stem
