@@ -6,7 +6,8 @@ docs/reproductions/superfed_ablation.md.
 SuPerFed-MM on the config (default: configs/superfed_digits_pathological.yaml) with nu in NUS x mu in
 MUS, then start_round at the fractions STARTS of the rounds (nu and mu from the config). Reported per
 run: the personalised accuracy (lambda chosen on validation), the federated end (lambda = 0) and the
-local end (lambda = 1), means across clients after the last round. Finished runs are read back.
+local end (lambda = 1), means across clients after the last round, and the mean cosine between the
+final global model and the clients' local models. Finished runs are read back.
 """
 
 from __future__ import annotations
@@ -14,8 +15,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import torch
 from livar_report import run_once, slug
+from torch.nn import functional as F
 
+from fedmerge.core.checkpoint import load_checkpoint
+from fedmerge.core.params import flatten
 from fedmerge.experiment.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -24,9 +29,20 @@ MUS = (0.0, 0.01, 0.1)
 STARTS = (0.0, 0.2, 0.4, 0.6, 0.8)
 
 
-def figures(summary: dict) -> str:
+def mean_cosine(run_dir: Path) -> float:
+    """Mean over clients of cos(w_g, w_l): the final global model against each local model (the
+    orthogonality nu pushes towards 0), from the run's last checkpoint."""
+    ckpt = load_checkpoint(run_dir / "checkpoints")
+    wg = flatten(ckpt.server_state.tensors)
+    cos = [F.cosine_similarity(wg, flatten(s.tensors, list(ckpt.server_state.tensors)), dim=0) for s in
+           ckpt.client_states.values() if s.tensors]  # fmt: skip
+    return float(torch.stack(cos).mean()) if cos else float("nan")
+
+
+def figures(summary: dict, run_dir: Path) -> str:
     c = summary["last"]["clients"]
-    return " / ".join(f"{c[k]['mean']:.3f}" for k in ("test_acc", "lambda=0/test_acc", "lambda=1/test_acc"))
+    accs = " / ".join(f"{c[k]['mean']:.3f}" for k in ("test_acc", "lambda=0/test_acc", "lambda=1/test_acc"))
+    return f"{accs} / {mean_cosine(run_dir):.2f}"
 
 
 def main(argv: list[str]) -> None:
@@ -45,7 +61,8 @@ def main(argv: list[str]) -> None:
             f"Command: `python scripts/superfed_ablation.py {' '.join(argv)}` (config `{Path(config).name}`,",
             f"{base.rounds} rounds, start round {base.algorithm.start_round} unless varied). Each cell: personalised",
             "top-1 (lambda chosen on validation) / lambda=0 (federated model) / lambda=1 (local model), mean across",
-            "clients after the last round. One seed.",
+            "clients after the last round / cos(w_g, w_l), the final global model against each client's local model",
+            "(mean over clients; the orthogonality term nu * cos^2 pushes it to 0). One seed.",
             "",
             "## nu (orthogonality) x mu (proximity)",
             "",
@@ -55,7 +72,7 @@ def main(argv: list[str]) -> None:
             "",
             f"## start round L*R (nu={base.algorithm.nu:g}, mu={base.algorithm.mu:g})",
             "",
-            "| L (fraction of rounds) | start round | top-1 / lambda=0 / lambda=1 |",
+            "| L (fraction of rounds) | start round | top-1 / lambda=0 / lambda=1 / cos |",
             "|---|---|---|",
             *[f"| {f:g} | {int(f * base.rounds)} | {starts.get(f, 'not run')} |" for f in STARTS],
             "",
@@ -66,12 +83,12 @@ def main(argv: list[str]) -> None:
         for mu in MUS:
             name = slug(f"nu{nu:g}-mu{mu:g}")
             extra = ["algorithm.name=superfed_mm", f"algorithm.nu={nu}", f"algorithm.mu={mu}", f"name={name}"]
-            grid[(nu, mu)] = figures(run_once(config, [*overrides, *extra], out / name))
+            grid[(nu, mu)] = figures(run_once(config, [*overrides, *extra], out / name), out / name)
             write()
     for frac in STARTS:
         name = slug(f"start{frac:g}")
         extra = ["algorithm.name=superfed_mm", f"algorithm.start_round={int(frac * base.rounds)}", f"name={name}"]
-        starts[frac] = figures(run_once(config, [*overrides, *extra], out / name))
+        starts[frac] = figures(run_once(config, [*overrides, *extra], out / name), out / name)
         write()
 
 
