@@ -23,7 +23,7 @@ from fedmerge.experiment.plots import client_groups
 from fedmerge.experiment.results import RunStore
 from fedmerge.experiment.summary import cluster_recovery
 
-SKIP_KEYS = {"output_dir", "name", "seed"}
+SKIP_KEYS = {"output_dir", "name"}
 
 INTRO = """# FedMerge reproduction at small scale
 
@@ -32,7 +32,8 @@ run's own `config.yaml`. Paper: FedMerge (arXiv 2504.06768), Tables 2-4; its num
 PACS with ResNet-9 over 500 rounds and are not comparable in absolute terms.
 
 What was scaled down (to fit 2 shared CPU cores; every run here took 1-5 minutes): an MLP (784-200-10,
-159k parameters) instead of the tiny ResNet-9, 40 rounds (30 for domain) instead of 500, one seed.
+159k parameters) instead of the tiny ResNet-9, 40 rounds (30 for domain) instead of 500; three seeds
+(0, 1, 2; mean +- std) for the main rows of the cluster setting, one seed elsewhere.
 - Cluster non-IID: Fashion-MNIST (12k images), 20 clients in 5 groups of random size, each group owning
   3 of the 10 classes (some classes shared by two groups), Dirichlet(10) within a group.
 - Personal non-IID: Fashion-MNIST (12k images), Dirichlet(0.1) over 20 clients.
