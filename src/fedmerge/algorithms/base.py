@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -11,6 +11,8 @@ from fedmerge.core.params import clone_state, weighted_average
 from fedmerge.core.seeding import NO_ROUND, torch_generator
 from fedmerge.core.training import BeforeStep, ExtraLoss, LocalTraining, local_sgd, mean_loss
 from fedmerge.core.types import ClientState, Payload, ServerState, Update
+
+from ._features import take_prefix, with_prefix
 
 
 def load_weights(ctx: ClientContext, weights: StateDict) -> None:
@@ -98,3 +100,29 @@ class GlobalModelAlgorithm(Algorithm):
 
     def personalize(self, payload: Payload, data: ClientDataLike, state: ClientState, ctx: ClientContext) -> StateDict:
         return payload.tensors
+
+
+class StatisticsAlgorithm(GlobalModelAlgorithm):
+    """FedAvg's training whose clients also send statistics of their trained model (input Grams,
+    Fishers, class moments) next to its weights, under ``stats_prefix``; the server splits them off
+    with :meth:`split` and merges with them (RegMean, Fisher averaging, CCVR, LIVAR)."""
+
+    stats_prefix: ClassVar[str]
+
+    def client_statistics(self, ctx: ClientContext, data: ClientDataLike) -> dict[str, torch.Tensor]:
+        """Statistics of ``ctx.model`` after local training (no randomness but ``ctx.generator``)."""
+        raise NotImplementedError
+
+    def client_update(
+        self, payload: Payload, data: ClientDataLike, state: ClientState, ctx: ClientContext
+    ) -> tuple[Update, ClientState]:
+        meta = train_received(payload.tensors, data, self.config, ctx)
+        stats = with_prefix(self.stats_prefix, self.client_statistics(ctx, data))
+        return Update({**model_weights(ctx), **stats}, meta), state
+
+    def split(self, updates: dict[int, Update]) -> tuple[list[StateDict], list[StateDict], StateDict]:
+        """(statistics, model weights, n_i-weighted average of the weights), in client-id order."""
+        cids = sorted(updates)
+        parts = [take_prefix(self.stats_prefix, updates[c].tensors) for c in cids]
+        stats, weights = [st for st, _ in parts], [w for _, w in parts]
+        return stats, weights, weighted_average(weights, [updates[c].num_examples for c in cids])

@@ -35,13 +35,12 @@ import torch
 from pydantic import Field
 
 from fedmerge.core.algorithm import ALGORITHMS, AlgorithmConfig, ClientContext, ClientDataLike, StateDict
-from fedmerge.core.params import weighted_average
 from fedmerge.core.seeding import NO_CLIENT, torch_generator
-from fedmerge.core.types import ClientState, Payload, ServerState, Update
+from fedmerge.core.types import Payload, ServerState, Update
 
 from ._ccvr import CCVRSettings, calibrate_head, client_class_stats
 from ._features import linear_head, take_prefix, with_prefix
-from .base import GlobalModelAlgorithm, model_weights, train_received
+from .base import StatisticsAlgorithm
 
 STATS = "ccvr/"  # per-class statistics in an Update
 CALIBRATED = "calibrated/"  # the calibrated head in the server state (broadcast_calibrated: false)
@@ -70,8 +69,9 @@ class CCVRConfig(AlgorithmConfig):
 
 
 @ALGORITHMS.register("ccvr", config=CCVRConfig, description="CCVR: FedAvg + classifier calibration on virtual features")
-class CCVR(GlobalModelAlgorithm):
+class CCVR(StatisticsAlgorithm):
     name = "ccvr"
+    stats_prefix = STATS
     config: CCVRConfig
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -93,22 +93,14 @@ class CCVR(GlobalModelAlgorithm):
         return {**weights, **head}
 
     def aggregate(self, state: ServerState, rnd: int, updates: dict[int, Update]) -> ServerState:
-        cids = sorted(updates)
-        parts = [take_prefix(STATS, updates[c].tensors) for c in cids]
-        avg = weighted_average([w for _, w in parts], [updates[c].num_examples for c in cids])
+        stats, _, avg = self.split(updates)
         gen = torch_generator(self.seed, rnd, NO_CLIENT, "ccvr/calibrate")
-        calibrated = calibrate_head(
-            self._scratch, avg, [s for s, _ in parts], self.config.ccvr_settings(), self.config, gen
-        )
+        calibrated = calibrate_head(self._scratch, avg, stats, self.config.ccvr_settings(), self.config, gen)
         if self.config.broadcast_calibrated:
             return ServerState(calibrated, dict(state.meta))
         head = {k: v for k, v in calibrated.items() if k.startswith("classifier.")}
         return ServerState({**avg, **with_prefix(CALIBRATED, head)}, dict(state.meta))
 
     # --- client ----------------------------------------------------------------------------
-    def client_update(
-        self, payload: Payload, data: ClientDataLike, state: ClientState, ctx: ClientContext
-    ) -> tuple[Update, ClientState]:
-        meta = train_received(payload.tensors, data, self.config, ctx)
-        stats = client_class_stats(ctx.model, data.x_train, data.y_train, self.num_classes)
-        return Update({**model_weights(ctx), **with_prefix(STATS, stats)}, meta), state
+    def client_statistics(self, ctx: ClientContext, data: ClientDataLike) -> dict[str, torch.Tensor]:
+        return client_class_stats(ctx.model, data.x_train, data.y_train, self.num_classes)

@@ -29,11 +29,9 @@ from torch.nn import functional as F
 
 from fedmerge.core.algorithm import ALGORITHMS, AlgorithmConfig, ClientContext, ClientDataLike
 from fedmerge.core.merge import weighted_merge
-from fedmerge.core.params import weighted_average
-from fedmerge.core.types import ClientState, Payload, ServerState, Update
+from fedmerge.core.types import ServerState, Update
 
-from ._features import take_prefix, with_prefix
-from .base import GlobalModelAlgorithm, model_weights, train_received
+from .base import StatisticsAlgorithm
 from .regmean import random_subset
 
 FISHER = "fisher/"
@@ -140,26 +138,20 @@ def _looped(model, params, x, labels, probs, estimator) -> dict[str, Tensor]:
     config=FisherAvgConfig,
     description="Fisher averaging: parameters merged elementwise by clients' diagonal Fishers",
 )
-class FisherAveraging(GlobalModelAlgorithm):
+class FisherAveraging(StatisticsAlgorithm):
     name = "fisher_avg"
+    stats_prefix = FISHER
 
-    def client_update(
-        self, payload: Payload, data: ClientDataLike, state: ClientState, ctx: ClientContext
-    ) -> tuple[Update, ClientState]:
-        meta = train_received(payload.tensors, data, self.config, ctx)
+    def client_statistics(self, ctx: ClientContext, data: ClientDataLike) -> dict[str, Tensor]:
         gen = ctx.generator("fisher")  # draws the subset, then the sampled labels
         x, y = random_subset(data.x_train, data.y_train, self.config.fisher_samples, gen)
-        fisher = diagonal_fisher(ctx.model, x, y, self.config.estimator, gen)
-        return Update({**model_weights(ctx), **with_prefix(FISHER, fisher)}, meta), state
+        return diagonal_fisher(ctx.model, x, y, self.config.estimator, gen)
 
     def aggregate(self, state: ServerState, rnd: int, updates: dict[int, Update]) -> ServerState:
-        cids = sorted(updates)
-        split = [take_prefix(FISHER, updates[c].tensors) for c in cids]
-        fishers, weights = [f for f, _ in split], [w for _, w in split]
+        # n_i-average everything (buffers, frozen parameters), then overwrite the Fisher-merged parameters
+        fishers, weights, merged = self.split(updates)
         if self.config.normalize:
             fishers = [_normalized(f) for f in fishers]
-        # n_i-average everything (buffers, frozen parameters), then overwrite the Fisher-merged parameters
-        merged = weighted_average(weights, [updates[c].num_examples for c in cids])
         for key in fishers[0]:
             if key in merged and all(key in f for f in fishers):
                 merged[key] = weighted_merge(

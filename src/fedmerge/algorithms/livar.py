@@ -39,7 +39,6 @@ from pydantic import Field, field_validator
 
 from fedmerge.core.algorithm import ALGORITHMS, AlgorithmConfig, ClientContext, ClientDataLike, ModelFactory
 from fedmerge.core.merge import weighted_merge
-from fedmerge.core.params import weighted_average
 from fedmerge.core.seeding import torch_generator
 from fedmerge.core.types import ClientState, Payload, ServerState, Update
 
@@ -48,7 +47,7 @@ from ._features import class_moments, features_and_logits, linear_head, take_pre
 from ._importance import PathIntegralImportance, lora_layers
 from ._personal import head_prefix, is_head
 from ._shap_table import ShapTable, layer_coefficients
-from .base import GlobalModelAlgorithm, model_weights, train_received
+from .base import StatisticsAlgorithm, model_weights, train_received
 
 STATS = "livar."
 CCVR_STATS = "ccvr."
@@ -86,8 +85,9 @@ class LIVARConfig(AlgorithmConfig):
     config=LIVARConfig,
     description="LIVAR: variance-weighted head rows + SHAP-calibrated LoRA layer weights (+ optional CCVR)",
 )
-class LIVAR(GlobalModelAlgorithm):
+class LIVAR(StatisticsAlgorithm):
     name = "livar"
+    stats_prefix = STATS
     config: LIVARConfig
 
     def __init__(self, config: LIVARConfig, model_factory: ModelFactory, num_clients: int, seed: int) -> None:
@@ -110,11 +110,11 @@ class LIVAR(GlobalModelAlgorithm):
         meta = train_received(
             payload.tensors, data, self.config, ctx, before_step=tracker.before_step, after_step=tracker.after_step
         )
-        stats = {"importance": tracker.sums.float(), **self.class_signals(ctx, data)}
+        stats = {"importance": tracker.sums.float(), **self.client_statistics(ctx, data)}
         new_state = ClientState({"importance": tracker.sums.float()}) if self.config.importance == "run" else state
         return Update({**model_weights(ctx), **with_prefix(STATS, stats)}, meta), new_state
 
-    def class_signals(self, ctx: ClientContext, data: ClientDataLike) -> dict[str, torch.Tensor]:
+    def client_statistics(self, ctx: ClientContext, data: ClientDataLike) -> dict[str, torch.Tensor]:
         """sigma^(c) over correctly classified training samples (+ CCVR's class moments if on)."""
         feats, logits = features_and_logits(ctx.model, data.x_train)
         y = data.y_train
@@ -129,10 +129,8 @@ class LIVAR(GlobalModelAlgorithm):
     # --- server ------------------------------------------------------------------------
     def aggregate(self, state: ServerState, rnd: int, updates: dict[int, Update]) -> ServerState:
         cids = sorted(updates)
-        split = [take_prefix(STATS, updates[c].tensors) for c in cids]
-        stats, models = [s for s, _ in split], [m for _, m in split]
+        stats, models, merged = self.split(updates)
         n = torch.tensor([updates[c].num_examples for c in cids], dtype=torch.float64)
-        merged = weighted_average(models, n.tolist())
         meta = dict(state.meta)
         if self.layers and self.config.layer_weighting == "shap":
             imp = torch.stack([s["importance"].double() for s in stats])  # (clients, 2, layers)

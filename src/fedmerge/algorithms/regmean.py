@@ -35,11 +35,9 @@ from torch import Tensor, nn
 
 from fedmerge.core.algorithm import ALGORITHMS, AlgorithmConfig, ClientContext, ClientDataLike
 from fedmerge.core.merge import gram_merge
-from fedmerge.core.params import weighted_average
-from fedmerge.core.types import ClientState, Payload, ServerState, Update
+from fedmerge.core.types import ServerState, Update
 
-from ._features import take_prefix, with_prefix
-from .base import GlobalModelAlgorithm, model_weights, train_received
+from .base import StatisticsAlgorithm
 
 GRAM = "regmean.gram/"
 
@@ -111,23 +109,17 @@ def linear_input_grams(
     config=RegMeanConfig,
     description="RegMean: Linear weights merged by clients' input Gram matrices, the rest averaged by sample count",
 )
-class RegMean(GlobalModelAlgorithm):
+class RegMean(StatisticsAlgorithm):
     name = "regmean"
+    stats_prefix = GRAM
 
-    def client_update(
-        self, payload: Payload, data: ClientDataLike, state: ClientState, ctx: ClientContext
-    ) -> tuple[Update, ClientState]:
-        meta = train_received(payload.tensors, data, self.config, ctx)
+    def client_statistics(self, ctx: ClientContext, data: ClientDataLike) -> dict[str, Tensor]:
         x, _ = random_subset(data.x_train, data.y_train, self.config.gram_samples, ctx.generator("regmean"))
-        grams = linear_input_grams(ctx.model, x, self.config.gram)
-        return Update({**model_weights(ctx), **with_prefix(GRAM, grams)}, meta), state
+        return linear_input_grams(ctx.model, x, self.config.gram)
 
     def aggregate(self, state: ServerState, rnd: int, updates: dict[int, Update]) -> ServerState:
-        cids = sorted(updates)
-        split = [take_prefix(GRAM, updates[c].tensors) for c in cids]
-        grams, weights = [g for g, _ in split], [w for _, w in split]
         # n_i-average everything (biases, other layers, buffers), then overwrite the Gram-merged weights
-        merged = weighted_average(weights, [updates[c].num_examples for c in cids])
+        grams, weights, merged = self.split(updates)
         for module in grams[0]:
             key = f"{module}.weight"
             if key in merged and all(module in g for g in grams):
