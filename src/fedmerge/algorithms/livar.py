@@ -39,7 +39,7 @@ from pydantic import Field, field_validator
 
 from fedmerge.core.algorithm import ALGORITHMS, AlgorithmConfig, ClientContext, ClientDataLike, ModelFactory
 from fedmerge.core.merge import weighted_merge
-from fedmerge.core.seeding import torch_generator
+from fedmerge.core.seeding import NO_CLIENT, torch_generator
 from fedmerge.core.types import ClientState, Payload, ServerState, Update
 
 from ._ccvr import CCVRSettings, calibrate_head
@@ -147,7 +147,7 @@ class LIVAR(StatisticsAlgorithm):
                 merged[k] = weighted_merge([m[k] for m in models], per_row, fallback=state.tensors[k])
         if self.config.ccvr is not None:
             ccvr_stats = [take_prefix(CCVR_STATS, s)[0] for s in stats]
-            gen = torch_generator(self.seed, rnd, -1, "ccvr")
+            gen = torch_generator(self.seed, rnd, NO_CLIENT, "ccvr")
             merged = calibrate_head(self.probe, merged, ccvr_stats, self.config.ccvr, self.config, gen)
         return ServerState(merged, meta)
 

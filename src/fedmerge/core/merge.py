@@ -48,7 +48,8 @@ def weighted_merge(
         raise ValueError(f"{len(tensors)} tensors but {len(weights)} weights")
     ref = tensors[0]
     num = torch.zeros(ref.shape, dtype=torch.float64, device=ref.device)
-    den = torch.zeros(ref.shape, dtype=torch.float64, device=ref.device)
+    # the denominator keeps the weights' own shape (a scalar for FedAvg), broadcast only when dividing
+    den = torch.zeros((), dtype=torch.float64, device=ref.device)
     for t, w in zip(tensors, weights):
         if t.shape != ref.shape:
             raise ValueError(f"cannot merge tensors of shapes {tuple(ref.shape)} and {tuple(t.shape)}")
