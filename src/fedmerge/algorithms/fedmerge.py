@@ -15,14 +15,16 @@ does (shared :func:`train_received`) plus a proximal term, return ``delta_i = th
 theta_i(before)`` for every state entry and ``n_i``, and keep nothing (client state is empty).
 ``aggregate`` uses ``g_i = -delta_i`` (the pseudo-gradient) in the softmax-constrained Eq. 5/6
 (Appendix D), written by hand as matrix products on the stack (``merging.py``); A is stepped before
-Theta and both use the pre-update Theta and weights, as the reference does. ``aggregate`` updates
+Theta and both use the pre-update Theta; the Theta step's weights are the pre-update ones (paper)
+or the updated ones (``theta_weights=after``, as the reference code reads them). ``aggregate`` updates
 ``theta`` in place: it is the largest object on the server and a copy per round would double the
 step's memory traffic; callers that want the previous state must clone it first. Likewise the
 payload tensors are views into a merge buffer reused by the next call of the same kind: payloads
 from ``configure`` stay valid until the next ``configure`` (those from ``configure_evaluate`` until
 the next ``configure_evaluate``), so an engine must load or serialise them before asking again.
 
-Choices (reference code = shutong043/FedMerge @ac60469; see ``shared/methods-notes.md`` section 1):
+Choices (reference code = shutong043/FedMerge @ac60469). ``preset=reference`` selects the reference
+code's exact server step and ``preset=paper`` the paper's forms (the defaults); see ``PRESETS``:
 
 * ``prox_form``: ``reference`` (default) is the authors' ``prox_mu * ||theta - theta0||^2`` with no
   1/2; ``fedprox`` is FedProx's ``prox_mu/2 * ||.||^2``. Only trainable parameters enter the term.
@@ -33,8 +35,12 @@ Choices (reference code = shutong043/FedMerge @ac60469; see ``shared/methods-not
   follows the paper's own reading of "Theta learning rate 1: the global model is replaced with the
   local update model", which only the normalised form satisfies. ``theta_lr`` scales either.
 * ``logit_step``: ``fixed_magnitude`` (default, paper and reference) is the closed form of the
-  reference's "grid search": the largest logit change per round is just above ``logit_lr`` (0.01),
-  independent of the gradient's scale; ``gradient`` is plain ``A -= logit_lr * dL/dA``.
+  reference's "grid search": increments of ``logit_increment`` until the largest logit change
+  exceeds ``logit_lr`` (at most 10,000 increments), independent of the gradient's scale. The
+  reference hard-codes the increment 0.01 and uses ``learning_rate_W`` only as the threshold; the
+  default increment equals the threshold. ``gradient`` is plain ``A -= logit_lr * dL/dA``.
+* ``theta_weights``: ``before`` (default, paper) steps Theta with the merge weights the clients
+  trained under; ``after`` (reference) with the weights after this round's logit update.
 * ``merge_grad``: which entries enter ``<Theta_j - theta_i, g_i>``: ``all`` (default, Eq. 6) = every
   trainable parameter (BatchNorm running statistics are excluded: their deltas are not loss
   gradients); ``head`` (reference) = the last Linear layer's weight and bias; ``topk`` = per client,
@@ -97,12 +103,70 @@ class FedMergeConfig(AlgorithmConfig):
         "dynamic", description="dynamic: learned; fixed: fixed_k random models per client, uniform, frozen"
     )
     fixed_k: int = Field(1, ge=1, description="models per client when merge_weights=fixed")
+    theta_weights: Literal["before", "after"] = Field(
+        "before",
+        description="merge weights in the Theta step: before (paper: one gradient step at one point) or after "
+        "the logit update (reference code)",
+    )
+    logit_increment: float | None = Field(
+        None,
+        gt=0,
+        description="fixed_magnitude: increment of each grid step (reference: 0.01, logit_lr is then only the stop "
+        "threshold); default: equal to logit_lr",
+    )
+    preset: Literal["paper", "reference"] | None = Field(
+        None,
+        description="fill the server-step options with the paper's forms or the reference code's exact behaviour; "
+        "options set explicitly must agree with it",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_preset(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or data.get("preset") is None:
+            return data
+        preset = data["preset"]
+        if preset not in PRESETS:
+            return data  # the Literal check reports it
+        out = dict(data)
+        for key, value in PRESETS[preset].items():
+            if key in out and out[key] != value:
+                msg = f"{key}={out[key]!r} contradicts preset {preset!r} ({key}={value!r}); drop one of them"
+                raise ValueError(msg)
+            out[key] = value
+        return out
 
     @model_validator(mode="after")
     def _check_fixed_k(self) -> FedMergeConfig:
         if self.fixed_k > self.num_models:
             raise ValueError(f"fixed_k ({self.fixed_k}) cannot exceed num_models ({self.num_models})")
         return self
+
+
+# The server step of each preset. ``paper``: Eqs. 5-6 at one point (both updates use the current
+# weights), the inner product over every parameter, the fixed-magnitude logit step whose increment is
+# its threshold, Theta by the column-normalised convex combination ("learning rate 1: the global model
+# is replaced with the local update model"). ``reference``: shutong043/FedMerge @ac60469 exactly: the
+# head-only inner product, a 0.01 increment with logit_lr as the stop threshold (10,000 steps at most),
+# and Theta weights read from the updated logits. The defaults are the paper's forms: the paper is the
+# authority on the method; the reference preset is for reproducing the authors' numbers.
+PRESETS: dict[str, dict[str, Any]] = {
+    "paper": {
+        "theta_update": "normalized",
+        "logit_step": "fixed_magnitude",
+        "logit_increment": None,
+        "merge_grad": "all",
+        "theta_weights": "before",
+    },
+    "reference": {
+        "prox_form": "reference",
+        "theta_update": "normalized",
+        "logit_step": "fixed_magnitude",
+        "logit_increment": 0.01,
+        "merge_grad": "head",
+        "theta_weights": "after",
+    },
+}
 
 
 @dataclass(frozen=True)
@@ -227,10 +291,12 @@ class FedMerge(Algorithm):
             inner = -merging.inner_products(self._merge_grad_columns(deltas), self._merge_theta_columns(theta))
             grad = merging.logit_gradient(w, inner)  # without p_i
             if cfg.logit_step == "fixed_magnitude":
-                step = merging.fixed_magnitude_step(grad, p, cfg.logit_lr)
+                step = merging.fixed_magnitude_step(grad, p, cfg.logit_lr, cfg.logit_increment)
             else:
                 step = -cfg.logit_lr * p[:, None] * grad
             new_logits[cids] += step
+            if cfg.theta_weights == "after":  # the reference reads the updated logits here
+                w = merging.merge_weights(new_logits[cids])
 
         coef = p[:, None] * w
         if cfg.theta_update == "normalized":

@@ -55,14 +55,17 @@ def logit_gradient(weights: Tensor, inner: Tensor, p: Tensor | None = None) -> T
     return grad if p is None else p.to(grad.dtype)[:, None] * grad
 
 
-def fixed_magnitude_step(grad: Tensor, p: Tensor, lr: float) -> Tensor:
+def fixed_magnitude_step(grad: Tensor, p: Tensor, lr: float, increment: float | None = None) -> Tensor:
     """The reference's logit update in closed form: returns Delta a (to add to the logits).
 
-    The reference normalises G (no p) by its global L1 norm, then repeats ``a -= lr * p * G_hat``
-    until the largest logit change exceeds ``lr`` (or 10000 repeats). The steps are identical, so
-    this is one step of k increments with k = floor(1 / c) + 1, c = max_ij p_i |G_hat_ij|: the
-    largest change lands in (lr, lr * (1 + c)] whatever the gradient's scale. A zero gradient
-    (e.g. d = 1) gives a zero step instead of the reference's division by zero.
+    The reference normalises G (no p) by its global L1 norm, then repeats ``a -= increment * p *
+    G_hat`` until the largest logit change exceeds the threshold ``lr`` or the loop has run 10,000
+    times. The steps are identical, so this is one step of k increments with
+    k = min(floor(lr / (increment * c)) + 1, 10001), c = max_ij p_i |G_hat_ij|: the largest change
+    lands just above ``lr`` whatever the gradient's scale, unless the cap binds (many clients, tiny
+    normalised gradients), when it stays below. The reference hard-codes ``increment`` = 0.01;
+    ``None`` takes ``increment = lr``. A zero gradient (e.g. d = 1) gives a zero step instead of the
+    reference's division by zero.
     """
     pg = p.to(grad.dtype)[:, None] * grad
     total = grad.abs().sum()
@@ -72,8 +75,9 @@ def fixed_magnitude_step(grad: Tensor, p: Tensor, lr: float) -> Tensor:
     c = float(pg_hat.abs().max())
     if c == 0:
         return torch.zeros_like(grad)
-    k = min(math.floor(1.0 / c) + 1, MAX_GRID_STEPS + 1)
-    return -(lr * k) * pg_hat
+    inc = lr if increment is None else increment
+    k = min(math.floor(lr / (inc * c)) + 1, MAX_GRID_STEPS + 1)
+    return -(inc * k) * pg_hat
 
 
 def topk_mask(grads: Tensor, fraction: float) -> Tensor:
