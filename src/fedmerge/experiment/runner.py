@@ -23,6 +23,7 @@ from fedmerge.models import build_model, count_parameters
 
 from .config import ConfigError, FlowerSettings, load_config, to_yaml
 from .progress import RoundProgress
+from .provenance import record_segment
 from .results import RunStore, new_run_dir
 from .summary import TIMING_KEYS, build_summary, summarize_eval, summary_markdown
 
@@ -124,6 +125,7 @@ def _run(
         store.write_config(to_yaml(cfg))
         state = algorithm.init_server_state().to(device)
 
+    record_segment(store.dir, start_round, resume)
     digest = config_digest(cfg)
     t_start = time.perf_counter()
 

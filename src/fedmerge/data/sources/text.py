@@ -100,13 +100,18 @@ def load_wordnet_topics(cfg: WordNetConfig) -> Pool:
 
 @functools.lru_cache(maxsize=4)
 def _wordnet_cached(path: str, tokenizer: str | None, max_tokens: int) -> tuple[np.ndarray, np.ndarray]:
+    texts, labels = _wordnet_texts(path)
+    return tokenize(texts, tokenizer, max_tokens), labels
+
+
+def _wordnet_texts(path: str) -> tuple[list[str], np.ndarray]:
     file = Path(path).expanduser()
     if not file.is_file():
         raise DataUnavailable(f"WordNet noun file not found: {file}; install it with `apt-get install -y wordnet-base`")
     texts, labels = parse_wordnet_nouns(file.read_text(encoding="utf-8", errors="replace"))
     if not texts:
         raise DataUnavailable(f"{file}: no noun definitions found (is it a WordNet 3.0 data.noun file?)")
-    return tokenize(texts, tokenizer, max_tokens), labels
+    return texts, labels
 
 
 # --- parallel Bibles -------------------------------------------------------------------------

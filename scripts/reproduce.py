@@ -1,0 +1,315 @@
+"""Run one reproduction study (regime check, equal-budget tuning, seeds) and write its report.
+
+    python scripts/reproduce.py STUDY.yaml [--runs RUNS_DIR] [--out REPORT.md] [--jobs 2] [--report-only]
+
+A study file names a base config, the seeds, and the methods (rows), each with fixed overrides and a
+tuning grid. The protocol, the same for every row:
+
+1. Regime check first: a central reference (one model per ground-truth group, or on all data for
+   label-skew partitions; ``fedmerge.experiment.regime``) per seed, against the tuned Local and FedAvg.
+2. Tuning: every grid point of every method runs on ``tune_seed``; the point with the best mean
+   client *validation* top-1 (at the best-validation-loss round) is chosen. Every method's grid must
+   have the same number of points (the equal budget); the study is refused otherwise.
+3. The chosen point runs on every seed; rows report mean +- std over seeds at the best-validation
+   round (the papers' model selection) and at the last round.
+
+Each run is one ``fedmerge run`` process, in a folder of its own named by the row, grid point and
+seed: finished runs are skipped, unfinished ones resumed, so the script can be re-run at will. The
+report rebuilds nothing: the commands it prints come from each run's ``provenance.jsonl``. The report
+is generated; readings belong in a separate, hand-written file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from fedmerge.experiment.config import load_config
+from fedmerge.experiment.provenance import read_provenance
+from fedmerge.experiment.regime import FEDAVG_GAP, LOCAL_GAP, central_reference, regime_check
+from fedmerge.experiment.runner import load_data
+
+# --- the study ---------------------------------------------------------------------------------
+
+
+def load_study(path: Path) -> dict[str, Any]:
+    study = yaml.safe_load(path.read_text())
+    sizes = {m["label"]: len(grid_points(m)) for m in study["methods"]}
+    if len(set(sizes.values())) > 1:
+        raise SystemExit(f"{path}: unequal tuning budgets {sizes}; give every method the same number of grid points")
+    return study
+
+
+def grid_points(method: dict[str, Any]) -> list[dict[str, Any]]:
+    grid = method.get("grid") or {}
+    keys = list(grid)
+    return [dict(zip(keys, values)) for values in itertools.product(*(grid[k] for k in keys))]
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
+def run_key(label: str, point: int, seed: int) -> str:
+    return f"{slug(label)}-g{point}-s{seed}"
+
+
+# --- running -----------------------------------------------------------------------------------
+
+
+def run_folder(runs: Path, key: str) -> Path | None:
+    parent = runs / key
+    found = sorted(p for p in parent.glob("*") if (p / "config.yaml").exists()) if parent.exists() else []
+    return found[-1] if found else None
+
+
+def finished(folder: Path | None) -> bool:
+    return folder is not None and (folder / "summary.json").exists()
+
+
+def launch(study: dict[str, Any], runs: Path, key: str, overrides: list[str]) -> tuple[str, bool]:
+    folder = run_folder(runs, key)
+    if finished(folder):
+        return key, True
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    if folder is not None:  # killed earlier: continue from its checkpoint
+        cmd = ["fedmerge", "run", "--resume", str(folder), "--no-progress"]
+    else:
+        cmd = ["fedmerge", "run", study["base"], *overrides, f"name={key}", "--output-dir", str(runs / key)]
+        cmd.append("--no-progress")
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        (runs / key).mkdir(parents=True, exist_ok=True)
+        (runs / key / "error.txt").write_text(proc.stdout[-4000:] + proc.stderr[-4000:])
+    return key, proc.returncode == 0
+
+
+def run_all(jobs: list[tuple[str, list[str]]], study: dict[str, Any], runs: Path, workers: int) -> None:
+    todo = [(k, o) for k, o in jobs if not finished(run_folder(runs, k))]
+    if not todo:
+        return
+    t0 = time.time()
+    print(f"{len(todo)} runs to do ({len(jobs) - len(todo)} done)", flush=True)
+    with ThreadPoolExecutor(workers) as pool:
+        for i, (key, ok) in enumerate(pool.map(lambda j: launch(study, runs, *j), todo), 1):
+            eta = (time.time() - t0) / i * (len(todo) - i)
+            print(f"[{i}/{len(todo)}] {key}: {'ok' if ok else 'FAILED'}  (eta {eta / 60:.0f} min)", flush=True)
+
+
+def base_overrides(method: dict[str, Any], point: dict[str, Any], seed: int) -> list[str]:
+    return [*method.get("overrides", []), *(f"{k}={v}" for k, v in point.items()), f"seed={seed}"]
+
+
+def summary_of(runs: Path, key: str) -> dict[str, Any] | None:
+    folder = run_folder(runs, key)
+    return json.loads((folder / "summary.json").read_text()) if finished(folder) else None
+
+
+def val_score(summary: dict[str, Any] | None) -> float:
+    return summary["best_val"]["clients"]["val_acc"]["mean"] if summary else float("-inf")
+
+
+def tune(study: dict[str, Any], runs: Path, workers: int) -> dict[str, int]:
+    seed = study.get("tune_seed", study["seeds"][0])
+    jobs = [
+        (run_key(m["label"], i, seed), base_overrides(m, pt, seed))
+        for m in study["methods"]
+        for i, pt in enumerate(grid_points(m))
+    ]
+    run_all(jobs, study, runs, workers)
+    chosen = {}
+    for m in study["methods"]:
+        scores = [val_score(summary_of(runs, run_key(m["label"], i, seed))) for i in range(len(grid_points(m)))]
+        chosen[m["label"]] = max(range(len(scores)), key=lambda i: scores[i])
+    return chosen
+
+
+def run_seeds(study: dict[str, Any], runs: Path, chosen: dict[str, int], workers: int) -> None:
+    jobs = []
+    for m in study["methods"]:
+        i = chosen[m["label"]]
+        for seed in study["seeds"]:
+            jobs.append((run_key(m["label"], i, seed), base_overrides(m, grid_points(m)[i], seed)))
+    run_all(jobs, study, runs, workers)
+
+
+def regime(study: dict[str, Any], runs: Path) -> dict[int, dict[str, Any]]:
+    out = {}
+    opts = study.get("regime", {})
+    for seed in study["seeds"]:
+        file = runs / f"regime-seed{seed}.json"
+        if not file.exists():
+            cfg = load_config(study["base"], [*opts.get("overrides", []), f"seed={seed}"])
+            ref = central_reference(
+                load_data(cfg),
+                cfg.model,
+                cfg.algorithm,
+                seed,
+                scope=opts.get("scope", "auto"),
+                max_epochs=opts.get("max_epochs", 40),
+            )
+            runs.mkdir(parents=True, exist_ok=True)
+            file.write_text(json.dumps({**ref.to_json(), "lr": cfg.algorithm.lr}))
+        out[seed] = json.loads(file.read_text())
+    return out
+
+
+# --- the report --------------------------------------------------------------------------------
+
+
+def pct(values: list[float]) -> str:
+    vals = [100 * v for v in values if v == v]
+    if not vals:
+        return "-"
+    if len(vals) == 1:
+        return f"{vals[0]:.1f}"
+    return f"{statistics.mean(vals):.1f} ± {statistics.stdev(vals):.1f}"
+
+
+def row_runs(study: dict[str, Any], runs: Path, label: str, point: int) -> list[tuple[int, dict[str, Any], Path]]:
+    out = []
+    for seed in study["seeds"]:
+        key = run_key(label, point, seed)
+        s = summary_of(runs, key)
+        if s is not None:
+            out.append((seed, s, run_folder(runs, key)))
+    return out
+
+
+def commits_of(folders: list[Path]) -> set[str]:
+    return {(seg.get("commit") or "?")[:8] + ("+dirty" if seg.get("dirty") else "") for f in folders for seg in
+            read_provenance(f)}  # fmt: skip
+
+
+def report(study: dict[str, Any], runs: Path, chosen: dict[str, int], ref: dict[int, dict[str, Any]]) -> str:
+    labels = {m["label"]: m for m in study["methods"]}
+    local, fedavg = study.get("local_row", "Local"), study.get("fedavg_row", "FedAvg")
+    lines = [f"# {study['title']}", "", study.get("description", "").strip(), ""]
+    lines += [
+        "Generated by `scripts/reproduce.py` from the run folders; do not edit (readings live in a separate file).",
+        "",
+        "## Regime check (before any result)",
+        "",
+        f"Bars: Local at least {LOCAL_GAP:.0f} points and FedAvg at least {FEDAVG_GAP:.0f} points below a central "
+        "reference (one model trained centrally on the pooled training data of each ground-truth group, or of all "
+        "clients for label-skew settings; epochs chosen on the pooled validation split), all evaluated on each "
+        "client's own test split (mean over clients). Local and FedAvg are the tuned rows below, best-validation "
+        "round.",
+        "",
+        "| seed | reference scope | central reference | Local | FedAvg | Local gap | FedAvg gap | regime kept |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    checks = []
+    for seed in study["seeds"]:
+        loc = summary_of(runs, run_key(local, chosen[local], seed)) if local in labels else None
+        fed = summary_of(runs, run_key(fedavg, chosen[fedavg], seed)) if fedavg in labels else None
+        if loc is None or fed is None:
+            continue
+        c = regime_check(
+            ref[seed]["mean"],
+            loc["best_val"]["clients"]["test_acc"]["mean"],
+            fed["best_val"]["clients"]["test_acc"]["mean"],
+        )
+        checks.append(c)
+        lines.append(
+            f"| {seed} | {ref[seed]['scope']} | {100 * c['reference']:.1f} | {100 * c['local']:.1f} | "
+            f"{100 * c['fedavg']:.1f} | {c['local_gap']:.1f} | {c['fedavg_gap']:.1f} | "
+            f"{'yes' if c['passes'] else 'NO'} |"
+        )
+    if checks:
+        kept = all(c["passes"] for c in checks)
+        mean_gap = statistics.mean(c["local_gap"] for c in checks), statistics.mean(c["fedavg_gap"] for c in checks)
+        lines += [
+            "",
+            f"**Regime {'kept' if kept else 'NOT kept'}** on {sum(c['passes'] for c in checks)} of {len(checks)} "
+            f"seeds (mean gaps: Local {mean_gap[0]:.1f}, FedAvg {mean_gap[1]:.1f} points).",
+        ]
+    lines += [
+        "",
+        "## Results",
+        "",
+        f"Mean client test top-1 (%), mean ± std over seeds {study['seeds']}. Each row's hyper-parameters were "
+        f"chosen on the validation split of seed {study.get('tune_seed', study['seeds'][0])} from "
+        f"{len(grid_points(study['methods'][0]))} grid points (the same budget for every row).",
+        "",
+        "| method | chosen | seeds | best-val round | last round | server params | per-client comm (down/up) | "
+        "commits |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for label, m in labels.items():
+        point = grid_points(m)[chosen[label]]
+        rr = row_runs(study, runs, label, chosen[label])
+        if not rr:
+            lines.append(f"| {label} | - | 0 | - | - | - | - | - |")
+            continue
+        best = [s["best_val"]["clients"]["test_acc"]["mean"] for _, s, _ in rr]
+        last = [s["last"]["clients"]["test_acc"]["mean"] for _, s, _ in rr]
+        b = rr[0][1].get("parameter_budget", {})
+        commits = commits_of([f for _, _, f in rr])
+        chosen_txt = ", ".join(f"{k.split('.')[-1]}={v}" for k, v in point.items()) or "-"
+        lines.append(
+            f"| {label} | {chosen_txt} | {len(rr)} | {pct(best)} | {pct(last)} | {b.get('server_stored', 0):,.0f} | "
+            f"{b.get('down_per_client_round', 0):,.0f} / {b.get('up_per_client_round', 0):,.0f} | "
+            f"{', '.join(sorted(commits))}{' (mixed)' if len(commits) > 1 else ''} |"
+        )
+    lines += ["", "## Tuning (validation top-1 %, tuning seed)", ""]
+    lines += ["| method | grid point | val top-1 |", "|---|---|---|"]
+    seed = study.get("tune_seed", study["seeds"][0])
+    for label, m in labels.items():
+        for i, pt in enumerate(grid_points(m)):
+            s = summary_of(runs, run_key(label, i, seed))
+            mark = " (chosen)" if i == chosen[label] else ""
+            txt = ", ".join(f"{k.split('.')[-1]}={v}" for k, v in pt.items())
+            lines.append(f"| {label} | {txt}{mark} | {pct([val_score(s)]) if s else 'failed'} |")
+    lines += ["", "## Commands (from each run's provenance.jsonl)", "", "```"]
+    for label in labels:
+        for _, _, folder in row_runs(study, runs, label, chosen[label]):
+            for seg in read_provenance(folder):
+                lines.append(seg["command"])
+    lines += ["```", ""]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("study", type=Path)
+    ap.add_argument("--runs", type=Path, help="run folders (default: runs/repro/STUDY_NAME)")
+    ap.add_argument("--out", type=Path, help="report path (default: print)")
+    ap.add_argument("--jobs", type=int, default=2, help="runs in parallel (each with one thread)")
+    ap.add_argument("--report-only", action="store_true", help="write the report from the runs that exist")
+    args = ap.parse_args()
+    study = load_study(args.study)
+    runs = args.runs or Path("runs/repro") / args.study.stem
+    if args.report_only:
+        seed = study.get("tune_seed", study["seeds"][0])
+        chosen = {
+            m["label"]: max(
+                range(len(grid_points(m))), key=lambda i: val_score(summary_of(runs, run_key(m["label"], i, seed)))
+            )
+            for m in study["methods"]
+        }
+    else:
+        chosen = tune(study, runs, args.jobs)
+        run_seeds(study, runs, chosen, args.jobs)
+    ref = regime(study, runs)
+    text = report(study, runs, chosen, ref)
+    if args.out:
+        args.out.write_text(text)
+    else:
+        sys.stdout.write(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,81 @@
+"""What made a run folder: the exact command, package versions and git commit of every segment.
+
+``provenance.jsonl`` gets one line each time a run starts or resumes, so a report can print the
+command that really produced a number (never one rebuilt from today's defaults) and can tell when a
+run's segments came from different commits.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import shlex
+import subprocess
+import sys
+import time
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import torch
+
+FILE = "provenance.jsonl"
+
+
+@lru_cache(maxsize=1)
+def source_commit() -> tuple[str | None, bool | None]:
+    """(commit, dirty) of the git checkout this package runs from; (None, None) outside one."""
+    root = Path(__file__).resolve().parents[3]
+    try:
+        commit = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, check=True
+        ).stdout.strip()
+        status = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no", "--", "src"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None, None
+    return commit or None, bool(status.strip())
+
+
+def package_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("fedmerge")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def record_segment(run_dir: str | Path, start_round: int, resumed: bool) -> dict[str, Any]:
+    """Append this invocation to the run's provenance and return the line."""
+    commit, dirty = source_commit()
+    argv = list(sys.argv)
+    if argv and Path(argv[0]).name == "fedmerge":
+        argv[0] = "fedmerge"
+    line = {
+        "command": shlex.join(argv),
+        "resumed": resumed,
+        "start_round": start_round,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "fedmerge": package_version(),
+        "commit": commit,
+        "dirty": dirty,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
+    with open(Path(run_dir) / FILE, "a", encoding="utf-8") as fh:
+        fh.write(json.dumps(line) + "\n")
+    return line
+
+
+def read_provenance(run_dir: str | Path) -> list[dict[str, Any]]:
+    path = Path(run_dir) / FILE
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
