@@ -50,7 +50,7 @@ def load_wordnet_features(cfg: WordNetFeaturesConfig) -> Pool:
     x = _cached_features([texts[i] for i in keep], cfg)
     # Unit-length embeddings (as sentence-transformers serves this model), scaled so that features
     # have about unit variance: a fixed map, so no statistic leaks from test samples into training.
-    x = x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12) * np.sqrt(x.shape[1])
+    x = (x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12) * np.sqrt(x.shape[1])).astype(np.float32)
     names = [f"noun.{t}" for t in NOUN_TOPICS]
     return Pool(x, labels[keep].copy(), len(NOUN_TOPICS), "wordnet_features", class_names=names)
 
