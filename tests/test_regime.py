@@ -97,3 +97,13 @@ def test_wordnet_features_encode_once_and_cache(tmp_path):
     (cached,) = (tmp_path / "cache").iterdir()
     again = load_pool(cfg)
     assert np.array_equal(again.x, pool.x) and list((tmp_path / "cache").iterdir()) == [cached]
+
+
+def test_client_prior_reference_uses_the_clients_label_frequencies():
+    """A client that only ever sees class 0: told its prior, the pooled model predicts 0 everywhere."""
+    data = contradicting_groups()
+    skewed = data.clients[0]
+    skewed.y_train = torch.zeros_like(skewed.y_train)
+    skewed.y_test = torch.zeros_like(skewed.y_test)
+    ref = central_reference(data, {"name": "mlp", "hidden": []}, LocalTraining(lr=0.5), 0, scope="all", max_epochs=3)
+    assert ref.client_acc_prior[0] == 1.0 and ref.client_acc[0] < 1.0
