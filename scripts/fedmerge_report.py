@@ -1,7 +1,7 @@
 """Build the FedMerge reproduction report (markdown) from run folders.
 
     python scripts/fedmerge_report.py --setting "Cluster non-IID=configs/fedmerge_fmnist_cluster.yaml:RUNS_DIR" \\
-        [--setting ...] [--out docs/reproductions/fedmerge.md] [--intro FILE]
+        [--setting ...] [--out runs/legacy-reports/fedmerge.md] [--intro FILE]
 
 Each ``--setting`` names a base config and a folder of finished runs made from it. Runs are grouped
 by method (algorithm plus the options that define a row); seeds of one method are averaged

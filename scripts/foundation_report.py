@@ -1,4 +1,4 @@
-"""Run Local, FedIT, FedLoRA and FedMerge (d=5) over LoRA adapters and write docs/reproductions/foundation.md.
+"""Run Local, FedIT, FedLoRA and FedMerge (d=5) over LoRA adapters and write runs/legacy-reports/foundation.md.
 
     python scripts/foundation_report.py [key=value ...]
 
@@ -58,7 +58,8 @@ def main(argv: list[str]) -> None:
         heads = " | ".join(f"client {c}" for c in sorted(accs, key=int))
         doc += [f"## {task} (`configs/{config}`)", "", f"| method | mean | {heads} | sent up per round |",
                 "|---|---|" + "---|" * len(accs) + "---|", *table, ""]  # fmt: skip
-        (ROOT / "docs/reproductions/foundation.md").write_text("\n".join(doc))
+        (ROOT / "runs/legacy-reports").mkdir(parents=True, exist_ok=True)
+        (ROOT / "runs/legacy-reports/foundation.md").write_text("\n".join(doc))
 
 
 if __name__ == "__main__":

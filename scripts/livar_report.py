@@ -1,4 +1,4 @@
-"""Run LIVAR and the aggregators of its Tables 1-4 and write docs/reproductions/livar.md.
+"""Run LIVAR and the aggregators of its Tables 1-4 and write runs/legacy-reports/livar.md.
 
     python scripts/livar_report.py [CONFIG] [key=value ...]
 
@@ -113,7 +113,8 @@ def main(argv: list[str]) -> None:
     if CALIBRATED.exists():
         methods["LIVAR (proxy-calibrated table)"] = ["algorithm.name=livar", f"algorithm.shap_table={CALIBRATED}"]
     out = ROOT / "runs" / "livar-report" / Path(config).stem
-    doc = ROOT / "docs/reproductions/livar.md"
+    (ROOT / "runs/legacy-reports").mkdir(parents=True, exist_ok=True)
+    doc = ROOT / "runs/legacy-reports/livar.md"
     results: dict = {}
     ablation: dict = {}
     for beta in BETAS:

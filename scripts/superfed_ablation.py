@@ -1,5 +1,5 @@
 """SuPerFed ablations (paper Table 5 / Fig. 4): nu x mu, and the start round L*R; writes
-docs/reproductions/superfed_ablation.md.
+runs/legacy-reports/superfed_ablation.md.
 
     python scripts/superfed_ablation.py [CONFIG] [key=value ...]
 
@@ -50,7 +50,8 @@ def main(argv: list[str]) -> None:
     overrides = [a for a in argv if "=" in a]
     base = load_config(config, overrides)
     out = ROOT / "runs" / "superfed-ablation" / Path(config).stem
-    doc = ROOT / "docs/reproductions/superfed_ablation.md"
+    (ROOT / "runs/legacy-reports").mkdir(parents=True, exist_ok=True)
+    doc = ROOT / "runs/legacy-reports/superfed_ablation.md"
     grid: dict[tuple[float, float], str] = {}
     starts: dict[float, str] = {}
 

@@ -1,10 +1,10 @@
-"""Run SuPerFed and its baselines on one protocol and write docs/reproductions/superfed.md.
+"""Run SuPerFed and its baselines on one protocol and write runs/legacy-reports/superfed.md.
 
     python scripts/superfed_report.py [CONFIG] [key=value ...]
 
 Every method runs with the config's schedule, data, model and local optimiser (lr, epochs, batch);
 only the method-specific fields differ (listed in METHODS). Runs go to runs/superfed-report/CONFIG[_TAG]/;
-the report to docs/reproductions/superfed.md for the default config, else docs/reproductions/CONFIG[_TAG].md,
+the report to runs/legacy-reports/superfed.md for the default config, else runs/legacy-reports/CONFIG[_TAG].md,
 where TAG names the overrides that change the protocol (e.g. partition.alpha=10 -> alpha-10; threads=
 does not count). Finished runs are read back, so an interrupted report continues where it stopped.
 """
@@ -47,7 +47,8 @@ def main(argv: list[str]) -> None:
     stem = Path(config).stem + (f"_{tag}" if tag else "")
     default = stem == "superfed_digits_pathological"
     out_dir = ROOT / "runs" / "superfed-report" / stem
-    doc_path = ROOT / "docs/reproductions" / ("superfed.md" if default else f"{stem}.md")
+    doc_path = ROOT / "runs/legacy-reports" / ("superfed.md" if default else f"{stem}.md")
+    doc_path.parent.mkdir(parents=True, exist_ok=True)
     lines, lambda_dirs = [], {}
     for method, extra in METHODS.items():
         keep = [f"algorithm.{k}={v}" for k, v in start.items() if method.startswith("superfed") and k != "nu"]
@@ -76,7 +77,7 @@ def main(argv: list[str]) -> None:
     for method, run_dir in lambda_dirs.items():
         curve = lambda_curve(read_rows(run_dir))
         prefix = "superfed" if default else stem
-        img = plot_lambda(run_dir, ROOT / "docs/reproductions" / f"{prefix}_{method}_lambda.png")
+        img = plot_lambda(run_dir, ROOT / "runs/legacy-reports" / f"{prefix}_{method}_lambda.png")
         pts = ", ".join(f"{lam:g}: {m:.3f}" for lam, m in zip(curve["lambdas"], curve["mean"]))
         doc += [
             f"**{method}** accuracy along lambda (round {curve['round']}): {pts}",
