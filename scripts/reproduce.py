@@ -193,6 +193,26 @@ def commits_of(folders: list[Path]) -> set[str]:
             read_provenance(f)}  # fmt: skip
 
 
+def results_json(study: dict[str, Any], runs: Path, chosen: dict[str, int], ref: dict[int, dict[str, Any]]) -> dict:
+    """The study's numbers for the cross-study index (``scripts/reproductions_index.py``)."""
+    local, fedavg = study.get("local_row", "Local"), study.get("fedavg_row", "FedAvg")
+    rows, checks = {}, []
+    for m in study["methods"]:
+        rr = row_runs(study, runs, m["label"], chosen[m["label"]])
+        rows[m["label"]] = {
+            "chosen": grid_points(m)[chosen[m["label"]]],
+            "seeds": [seed for seed, _, _ in rr],
+            "best_val": [s["best_val"]["clients"]["test_acc"]["mean"] for _, s, _ in rr],
+            "last": [s["last"]["clients"]["test_acc"]["mean"] for _, s, _ in rr],
+        }
+    for seed in study["seeds"]:
+        loc, fed = (summary_of(runs, run_key(r, chosen[r], seed)) for r in (local, fedavg))
+        if loc and fed:
+            acc = [x["best_val"]["clients"]["test_acc"]["mean"] for x in (loc, fed)]
+            checks.append({"seed": seed, **regime_check(ref[seed]["mean"], *acc)})
+    return {"title": study["title"], "regime": checks, "rows": rows}
+
+
 def report(study: dict[str, Any], runs: Path, chosen: dict[str, int], ref: dict[int, dict[str, Any]]) -> str:
     labels = {m["label"]: m for m in study["methods"]}
     local, fedavg = study.get("local_row", "Local"), study.get("fedavg_row", "FedAvg")
@@ -295,8 +315,15 @@ def main() -> None:
     ap.add_argument("--out", type=Path, help="report path (default: print)")
     ap.add_argument("--jobs", type=int, default=2, help="runs in parallel (each with one thread)")
     ap.add_argument("--report-only", action="store_true", help="write the report from the runs that exist")
+    ap.add_argument(
+        "--regime-only", action="store_true", help="only the Local and FedAvg rows: check the regime before the table"
+    )
     args = ap.parse_args()
     study = load_study(args.study)
+    if args.regime_only:
+        keep = {study.get("local_row", "Local"), study.get("fedavg_row", "FedAvg")}
+        study["methods"] = [m for m in study["methods"] if m["label"] in keep]
+        study["title"] += " (regime check only)"
     runs = args.runs or Path("runs/repro") / args.study.stem
     if args.report_only:
         seed = study.get("tune_seed", study["seeds"][0])
@@ -313,6 +340,7 @@ def main() -> None:
     text = report(study, runs, chosen, ref)
     if args.out:
         args.out.write_text(text)
+        args.out.with_suffix(".json").write_text(json.dumps(results_json(study, runs, chosen, ref), indent=1))
     else:
         sys.stdout.write(text)
 
