@@ -2,9 +2,10 @@
 
 Per minibatch (reference ``MLOPTPSU/FedTorch`` @ab8068d): an SGD step on the global copy w with
 CE(f_w(x)), and an SGD step on the personal model v with CE(alpha f_v(x) + (1 - alpha) f_w(x)), f_w's
-output detached so the mixture loss moves only v. One ``local_sgd`` call does both: w is ``ctx.model``,
-v a second model run through ``functional_call`` (``extra_loss``; the batch labels come from
-``BatchTap``). Both steps use the weights from before the step, as in the paper's algorithm.
+output detached so the mixture loss moves only v. One ``local_sgd`` call does both: w is ``ctx.model``
+(the task loss; its output is the step's ``logits``), v a second model run through ``functional_call``
+(the mixture loss is the ``extra_loss``). Both steps use the weights from before the step, as in the
+paper's algorithm.
 With ``adaptive_alpha`` alpha is updated once per round, at the first local step (as the reference):
 alpha <- clip(alpha - alpha_lr * (sum <v - w, alpha g_v + (1 - alpha) g_w> + 0.02 alpha), 0, 1).
 Defaults: alpha 0.5, not adaptive (the reference's). v and alpha live in ClientState; w travels and
@@ -35,10 +36,10 @@ from fedmerge.core.algorithm import (
     Predictor,
     StateDict,
 )
-from fedmerge.core.training import local_sgd
+from fedmerge.core.training import Step, local_sgd
 from fedmerge.core.types import ClientState, Payload, Update
 
-from ._personal import BatchTap, GapProbe, SecondModel, interpolate, lambda_grid, lambda_key
+from ._personal import GapProbe, SecondModel, interpolate, lambda_grid, lambda_key
 from .base import GlobalModelAlgorithm, load_weights, model_weights
 
 
@@ -84,33 +85,25 @@ class APFL(GlobalModelAlgorithm):
         probe = GapProbe(data, ctx, self.config.gap_samples)
         v = SecondModel(state.tensors, ctx.model, ctx.device)
         w = dict(ctx.model.named_parameters())
-        tap = BatchTap(data.x_train, data.y_train)
         alpha = [float(state.meta.get("alpha", cfg.alpha))]  # mutable: the adaptive step changes it
 
-        def forward(xb: torch.Tensor) -> torch.Tensor:
-            tap.cache["w"] = ctx.model(xb)
-            return tap.cache["w"]
+        def mixture_loss(step: Step) -> torch.Tensor:  # v's objective; f_w(x) is the step's logits
+            assert step.logits is not None
+            out = alpha[0] * v(ctx.model, step.x) + (1 - alpha[0]) * step.logits.detach()
+            return F.cross_entropy(out, step.y)
 
-        def mixture_loss(_: torch.nn.Module) -> torch.Tensor:
-            out = alpha[0] * v(ctx.model, tap.x) + (1 - alpha[0]) * tap.cache["w"].detach()
-            return F.cross_entropy(out, tap.y)
-
-        first = [True]
-
-        def adapt(_: torch.nn.Module) -> None:
-            if first[0]:
+        def adapt(step: Step) -> None:  # alpha moves once per round, at the first step
+            if step.index == 0:
                 alpha[0] = alpha_step(alpha[0], v.params, w, cfg.alpha_lr or cfg.lr, cfg.alpha_decay)
-                first[0] = False
 
         params = [p for p in ctx.model.parameters() if p.requires_grad] + list(v.params.values())
         stats = local_sgd(
             ctx.model,
-            tap.index,
+            data.x_train,
             data.y_train,
             cfg,
             ctx.generator("train"),
             params=params,
-            forward=tap.wrap(forward),
             extra_loss=mixture_loss,
             before_step=adapt if cfg.adaptive_alpha else None,
         )
