@@ -10,9 +10,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 from torch import nn
+from torch.func import functional_call
 from torch.nn import functional as F
 
 from fedmerge.algorithms import superfed as superfed_module
+from fedmerge.algorithms.apfl import APFL, APFLConfig
 from fedmerge.algorithms.pfedme import PFedMe, PFedMeConfig
 from fedmerge.algorithms.scaffold import CONTROL, Scaffold, ScaffoldConfig
 from fedmerge.algorithms.superfed import SuPerFedMM, SuPerFedMMConfig
@@ -138,6 +140,34 @@ def test_pfedme_inner_and_outer_steps_follow_the_hand_computed_sequence():
     close(update.tensors["w"], t(*w))  # w_loc travels
     close(state.tensors["w"], t(*theta))  # theta is the personal model
     assert update.meta["steps"] == outer
+
+
+# --- APFL -----------------------------------------------------------------------------------
+def test_apfl_alpha_gradient_is_autograd_of_the_mixed_loss():
+    alpha, eta, decay = 0.4, 0.1, 0.02
+    cfg = APFLConfig(alpha=alpha, adaptive_alpha=True, alpha_lr=eta, alpha_decay=decay, local_steps=1, batch_size=16)
+    alg = APFL(cfg, linear_factory, num_clients=2, seed=0)
+    w, v = random_linear_state(1), random_linear_state(2)
+    gen = torch.Generator().manual_seed(3)
+    x, y = torch.randn(6, 3, generator=gen, dtype=F64), torch.randint(0, 4, (6,), generator=gen)
+    model = linear_factory(torch.Generator().manual_seed(0))
+    update, state = alg.client_update(
+        Payload(w, {"round": 1}), client_data(x, y), ClientState(v, {"alpha": alpha}), context(model)
+    )
+    new_alpha = state.meta["alpha"]
+    assert 0 < new_alpha < 1 and update.meta["alpha"] == new_alpha  # no clipping: the step shows the gradient
+    grad = (alpha - new_alpha) / eta - decay * alpha
+
+    # autograd of the loss v trains on, the output mixture, at the weights before the step
+    a = torch.tensor(alpha, dtype=F64, requires_grad=True)
+    mixed = a * functional_call(model, v, (x,)) + (1 - a) * functional_call(model, w, (x,))
+    F.cross_entropy(mixed, y).backward()
+    assert grad == pytest.approx(a.grad.item(), rel=1e-9)
+    # for a linear model it is also the paper's <v - w, grad f(alpha v + (1 - alpha) w)>
+    vbar = {k: (alpha * v[k] + (1 - alpha) * w[k]).requires_grad_(True) for k in w}
+    F.cross_entropy(functional_call(model, vbar, (x,)), y).backward()
+    paper = sum(float(((v[k] - w[k]) * vbar[k].grad).sum()) for k in w)
+    assert grad == pytest.approx(paper, rel=1e-9)
 
 
 # --- SuPerFed -------------------------------------------------------------------------------
