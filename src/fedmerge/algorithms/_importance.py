@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from fedmerge.core.training import Step
+
 
 def lora_layers(keys: list[str]) -> list[tuple[str, str, str]]:
     """(layer name, A key, B key) for every LoRA pair among state-dict ``keys``, in key order."""
@@ -35,11 +37,11 @@ class PathIntegralImportance:
         self.sums = torch.zeros((2, len(layers)), dtype=torch.float64) if start is None else start.double().clone()
         self._before: list[Tensor] = []
 
-    def before_step(self, model: nn.Module) -> None:
+    def before_step(self, step: Step) -> None:
         self._before = [p.detach().clone() for p in (*self.a, *self.b)]
 
     @torch.no_grad()
-    def after_step(self, model: nn.Module) -> None:
+    def after_step(self, step: Step) -> None:
         n = len(self.a)
         for j, (p, old) in enumerate(zip((*self.a, *self.b), self._before)):
             if p.grad is None:

@@ -3,15 +3,13 @@
 - head/body split of a state dict by the model's ``head_prefix``;
 - trainable copies ("leaves") of a state dict, for methods that train a second model next to
   ``ctx.model`` through ``torch.func.functional_call``;
-- :class:`BatchTap`, which lets ``forward``/``extra_loss`` hooks of ``local_sgd`` see the labels of
-  the current minibatch;
 - parameter interpolation ``(1 - lam) a + lam b`` and the evaluation grid along it;
 - the local-global gap probe (the same figures ``base.train_received`` logs for FedAvg).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
 import torch
@@ -77,32 +75,6 @@ class SecondModel:
 
     def state(self) -> StateDict:
         return {**detached(self.params), **self.buffers}
-
-
-class BatchTap:
-    """Gives hooks the current minibatch's inputs *and labels*.
-
-    ``local_sgd`` only passes the inputs to ``forward`` and nothing to ``extra_loss``. Methods whose
-    extra loss needs the labels (APFL's mixture loss, Ditto's personal loss) or the raw batch
-    (pFedMe's inner solve) train on sample *indices* instead: ``local_sgd(x=tap.index, y=y, ...)``
-    indexes ``tap.index`` exactly as it would have indexed ``x``, so the batch order is the same as
-    a plain run with the same generator, and :meth:`wrap` looks the samples up.
-    """
-
-    def __init__(self, x: torch.Tensor, y: torch.Tensor) -> None:
-        self.x_all, self.y_all = x, y
-        self.index = torch.arange(int(y.shape[0]), device=y.device)
-        self.x: torch.Tensor | None = None
-        self.y: torch.Tensor | None = None
-        self.cache: dict[str, Any] = {}
-
-    def wrap(self, forward: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
-        def tapped(idx: torch.Tensor) -> torch.Tensor:
-            self.x, self.y = self.x_all[idx], self.y_all[idx]
-            self.cache = {}
-            return forward(self.x)
-
-        return tapped
 
 
 # --- interpolation -------------------------------------------------------------------------

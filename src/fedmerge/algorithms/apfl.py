@@ -2,11 +2,18 @@
 
 Per minibatch (reference ``MLOPTPSU/FedTorch`` @ab8068d): an SGD step on the global copy w with
 CE(f_w(x)), and an SGD step on the personal model v with CE(alpha f_v(x) + (1 - alpha) f_w(x)), f_w's
-output detached so the mixture loss moves only v. One ``local_sgd`` call does both: w is ``ctx.model``,
-v a second model run through ``functional_call`` (``extra_loss``; the batch labels come from
-``BatchTap``). Both steps use the weights from before the step, as in the paper's algorithm.
+output detached so the mixture loss moves only v. One ``local_sgd`` call does both: w is ``ctx.model``
+(the task loss; its output is the step's ``logits``), v a second model run through ``functional_call``
+(the mixture loss is the ``extra_loss``). Both steps use the weights from before the step, as in the
+paper's algorithm.
 With ``adaptive_alpha`` alpha is updated once per round, at the first local step (as the reference):
-alpha <- clip(alpha - alpha_lr * (sum <v - w, alpha g_v + (1 - alpha) g_w> + 0.02 alpha), 0, 1).
+alpha <- clip(alpha - alpha_lr * (dL/dalpha + 0.02 alpha), 0, 1), with L = CE(alpha f_v(x) + (1 - alpha)
+f_w(x), y) v's mixture loss on that step's batch, differentiated by autograd in the step's backward
+pass: the paper's grad_alpha f(v_bar; xi). For a model linear in its parameters it equals the paper's
+<v - w, grad f(alpha v + (1 - alpha) w)>. The reference code's <v - w, alpha g_v + (1 - alpha) g_w>
+(g_v, g_w: gradients of the mixture loss, so g_v already carries a factor alpha) is, for such a model,
+(alpha^2 + (1 - alpha)^2) times it, a smaller alpha step; not reproduced. The 0.02 alpha term is the
+reference's (``alpha_decay``).
 Defaults: alpha 0.5, not adaptive (the reference's). v and alpha live in ClientState; w travels and
 is averaged by n_i.
 
@@ -35,10 +42,10 @@ from fedmerge.core.algorithm import (
     Predictor,
     StateDict,
 )
-from fedmerge.core.training import local_sgd
+from fedmerge.core.training import Step, local_sgd
 from fedmerge.core.types import ClientState, Payload, Update
 
-from ._personal import BatchTap, GapProbe, SecondModel, interpolate, lambda_grid, lambda_key
+from ._personal import GapProbe, SecondModel, interpolate, lambda_grid, lambda_key
 from .base import GlobalModelAlgorithm, load_weights, model_weights
 
 
@@ -55,16 +62,9 @@ class APFLConfig(AlgorithmConfig):
     lambda_steps: int | None = Field(None, ge=1, description="also evaluate (1-lam) w_g + lam v on this grid")
 
 
-def alpha_step(
-    alpha: float, v: dict[str, torch.Tensor], w: dict[str, torch.nn.Parameter], lr: float, decay: float
-) -> float:
-    """One gradient step on alpha from the current gradients of v (mixture loss) and w (own loss)."""
-    grad = decay * alpha
-    for k, vk in v.items():
-        gv = vk.grad if vk.grad is not None else torch.zeros_like(vk)
-        gw = w[k].grad if w[k].grad is not None else torch.zeros_like(vk)
-        grad += float(((vk.detach() - w[k].detach()) * (alpha * gv + (1 - alpha) * gw)).sum())
-    return min(1.0, max(0.0, alpha - lr * grad))
+def alpha_step(alpha: float, grad: float, lr: float, decay: float) -> float:
+    """One projected gradient step on alpha, ``grad`` being d(mixture loss)/d alpha."""
+    return min(1.0, max(0.0, alpha - lr * (grad + decay * alpha)))
 
 
 @ALGORITHMS.register(
@@ -83,34 +83,32 @@ class APFL(GlobalModelAlgorithm):
         load_weights(ctx, payload.tensors)
         probe = GapProbe(data, ctx, self.config.gap_samples)
         v = SecondModel(state.tensors, ctx.model, ctx.device)
-        w = dict(ctx.model.named_parameters())
-        tap = BatchTap(data.x_train, data.y_train)
         alpha = [float(state.meta.get("alpha", cfg.alpha))]  # mutable: the adaptive step changes it
+        alpha_leaf: dict[str, torch.Tensor] = {}  # alpha as a tensor, at the step whose backward gives its gradient
 
-        def forward(xb: torch.Tensor) -> torch.Tensor:
-            tap.cache["w"] = ctx.model(xb)
-            return tap.cache["w"]
+        def mixture_loss(step: Step) -> torch.Tensor:  # v's objective; f_w(x) is the step's logits
+            assert step.logits is not None
+            a: float | torch.Tensor = alpha[0]
+            if cfg.adaptive_alpha and step.index == 0:
+                a = torch.tensor(alpha[0], dtype=step.logits.dtype, device=ctx.device, requires_grad=True)
+                alpha_leaf["a"] = a
+            out = a * v(ctx.model, step.x) + (1 - a) * step.logits.detach()
+            return F.cross_entropy(out, step.y)
 
-        def mixture_loss(_: torch.nn.Module) -> torch.Tensor:
-            out = alpha[0] * v(ctx.model, tap.x) + (1 - alpha[0]) * tap.cache["w"].detach()
-            return F.cross_entropy(out, tap.y)
-
-        first = [True]
-
-        def adapt(_: torch.nn.Module) -> None:
-            if first[0]:
-                alpha[0] = alpha_step(alpha[0], v.params, w, cfg.alpha_lr or cfg.lr, cfg.alpha_decay)
-                first[0] = False
+        def adapt(step: Step) -> None:  # alpha moves once per round, at the first step
+            if step.index == 0:
+                grad = alpha_leaf["a"].grad
+                assert grad is not None
+                alpha[0] = alpha_step(alpha[0], float(grad), cfg.alpha_lr or cfg.lr, cfg.alpha_decay)
 
         params = [p for p in ctx.model.parameters() if p.requires_grad] + list(v.params.values())
         stats = local_sgd(
             ctx.model,
-            tap.index,
+            data.x_train,
             data.y_train,
             cfg,
             ctx.generator("train"),
             params=params,
-            forward=tap.wrap(forward),
             extra_loss=mixture_loss,
             before_step=adapt if cfg.adaptive_alpha else None,
         )

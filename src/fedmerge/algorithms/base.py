@@ -9,7 +9,7 @@ import torch
 from fedmerge.core.algorithm import Algorithm, ClientContext, ClientDataLike, StateDict
 from fedmerge.core.params import clone_state, weighted_average
 from fedmerge.core.seeding import NO_ROUND, torch_generator
-from fedmerge.core.training import BeforeStep, ExtraLoss, LocalTraining, local_sgd, mean_loss
+from fedmerge.core.training import ExtraLoss, LocalTraining, StepHook, local_sgd, mean_loss
 from fedmerge.core.types import ClientState, Payload, ServerState, Update
 
 from ._features import take_prefix, with_prefix
@@ -41,8 +41,8 @@ def train_received(
     cfg: LocalTraining,
     ctx: ClientContext,
     extra_loss: ExtraLoss | None = None,
-    before_step: BeforeStep | None = None,
-    after_step: BeforeStep | None = None,
+    before_step: StepHook | None = None,
+    after_step: StepHook | None = None,
 ) -> dict[str, Any]:
     """Load the received weights into ``ctx.model``, train locally, and return the update's meta.
 

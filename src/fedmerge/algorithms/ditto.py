@@ -3,9 +3,10 @@
 Per minibatch (reference ``litian96/ditto`` @26d9b29): a personal step
 ``v <- v - personal_lr * (grad f(v) + lam * (v - w^t))`` with the anchor w^t = the global model
 received this round, and a plain SGD step on the global copy w, on the same batch. Both are one
-``local_sgd`` call: w is ``ctx.model``, v a second model run through ``functional_call``, and the
-loss CE(w) + [CE(v) + lam/2 ||v - w^t||^2] has disjoint parameters, so the joint step is exactly the
-two separate steps. w's trajectory is FedAvg's, bit for bit.
+``local_sgd`` call: w is ``ctx.model`` (the task loss), v a second model run through
+``functional_call`` whose loss CE(v) + lam/2 ||v - w^t||^2 on the step's batch is the ``extra_loss``;
+the two losses have disjoint parameters, so the joint step is exactly the two separate steps. w's
+trajectory is FedAvg's, bit for bit.
 
 v lives in ClientState (starting from the common initial weights, so ``lam: 0`` is exactly Local);
 only w travels. The server averages w by n_i (``weighting: samples``, default, which keeps
@@ -25,10 +26,10 @@ from pydantic import Field, model_validator
 from torch.nn import functional as F
 
 from fedmerge.core.algorithm import ALGORITHMS, AlgorithmConfig, ClientContext, ClientDataLike, StateDict
-from fedmerge.core.training import local_sgd
+from fedmerge.core.training import Step, local_sgd
 from fedmerge.core.types import ClientState, Payload, ServerState, Update
 
-from ._personal import BatchTap, GapProbe, SecondModel, Weighting, average_updates, half_sq_dist
+from ._personal import GapProbe, SecondModel, Weighting, average_updates, half_sq_dist
 from .base import GlobalModelAlgorithm, load_weights, model_weights
 
 
@@ -68,10 +69,9 @@ class Ditto(GlobalModelAlgorithm):
         probe = GapProbe(data, ctx, self.config.gap_samples)
         v = SecondModel(state.tensors, ctx.model, ctx.device)
         anchor = {k: payload.tensors[k].detach() for k in v.params}
-        tap = BatchTap(data.x_train, data.y_train)
 
-        def personal_loss(_: torch.nn.Module) -> torch.Tensor:
-            loss = F.cross_entropy(v(ctx.model, tap.x), tap.y)
+        def personal_loss(step: Step) -> torch.Tensor:  # v's objective on this step's batch
+            loss = F.cross_entropy(v(ctx.model, step.x), step.y)
             return loss + half_sq_dist(v.params, anchor, cfg.lam) if cfg.lam > 0 else loss
 
         plr = cfg.personal_lr or cfg.lr
@@ -84,11 +84,10 @@ class Ditto(GlobalModelAlgorithm):
         opt = torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
         stats = local_sgd(
             ctx.model,
-            tap.index,
+            data.x_train,
             data.y_train,
             cfg,
             ctx.generator("train"),
-            forward=tap.wrap(ctx.model),
             extra_loss=personal_loss,
             optimizer=opt,
         )

@@ -39,11 +39,11 @@ from fedmerge.core.algorithm import (
 )
 from fedmerge.core.merge import weighted_merge
 from fedmerge.core.params import weighted_average
-from fedmerge.core.training import ExtraLoss, local_sgd
+from fedmerge.core.training import ExtraLoss, Step, local_sgd
 from fedmerge.core.types import ClientState, Payload, ServerState, Update
 
 from ._features import class_moments, features_and_logits, linear_head, take_prefix
-from ._personal import BatchTap, GapProbe
+from ._personal import GapProbe
 from .base import load_weights, model_weights
 
 PROTO = "fedproto/"
@@ -124,27 +124,26 @@ class FedProto(Algorithm):
         load_weights(ctx, self._weights(payload, state))
         probe = GapProbe(data, ctx, self.config.gap_samples)
         head = linear_head(model)
-        tap = BatchTap(data.x_train, data.y_train)
+        features: dict[str, torch.Tensor] = {}  # of the step's batch, kept by the forward for the extra loss
 
         def forward(xb: torch.Tensor) -> torch.Tensor:
-            tap.cache["features"] = feats = model.features(xb)
+            features["batch"] = feats = model.features(xb)
             return head(feats)
 
         prototypes, mask = payload.tensors[PROTOTYPES], payload.tensors[MASK]
         extra: ExtraLoss | None = None
         if self.config.lam > 0 and bool(mask.any()):
 
-            def extra(_: torch.nn.Module) -> torch.Tensor:
-                assert tap.y is not None
-                return self.config.lam * prototype_loss(tap.cache["features"], tap.y, prototypes, mask)
+            def extra(step: Step) -> torch.Tensor:
+                return self.config.lam * prototype_loss(features["batch"], step.y, prototypes, mask)
 
         stats = local_sgd(
             model,
-            tap.index,
+            data.x_train,
             data.y_train,
             self.config,
             ctx.generator("train"),
-            forward=tap.wrap(forward),
+            forward=forward,
             extra_loss=extra,
         )
         feats, _ = features_and_logits(model, data.x_train)

@@ -8,7 +8,7 @@ import torch
 from pydantic import Field
 
 from fedmerge.core.algorithm import ALGORITHMS, AlgorithmConfig, ClientContext
-from fedmerge.core.training import ExtraLoss
+from fedmerge.core.training import ExtraLoss, Step
 from fedmerge.core.types import Payload
 
 from .base import GlobalModelAlgorithm
@@ -22,8 +22,8 @@ class FedProxConfig(AlgorithmConfig):
 def proximal_term(mu: float, anchor: dict[str, torch.Tensor]) -> ExtraLoss:
     """(mu/2) * sum over trainable parameters of ||w - anchor||^2."""
 
-    def term(model: torch.nn.Module) -> torch.Tensor:
-        sq = [((p - anchor[n]) ** 2).sum() for n, p in model.named_parameters() if p.requires_grad]
+    def term(step: Step) -> torch.Tensor:
+        sq = [((p - anchor[n]) ** 2).sum() for n, p in step.model.named_parameters() if p.requires_grad]
         return 0.5 * mu * torch.stack(sq).sum()
 
     return term

@@ -4,11 +4,12 @@ Each local step (reference ``CharlieDinh/pFedMe`` @caf24b1) takes ONE minibatch 
 1. approximately solves the Moreau envelope's inner problem with ``inner_steps`` (K) SGD steps on the
    personal model theta on that same batch:  theta -= personal_lr * (grad f(theta) + lam (theta - w_loc));
 2. moves the local copy of the global model towards it:  w_loc -= lr * lam * (w_loc - theta).
-Both are ``local_sgd`` calls: the outer one trains w_loc on the loss lam/2 ||w_loc - theta||^2 and its
-``forward`` hook runs the inner ``local_sgd`` on theta (= ``ctx.model``) for the batch at hand (the
-batch is reached through the sample-index trick of ``BatchTap``). The outer loop runs ``local_steps``
+Both are ``local_sgd`` calls: the outer one draws the batches and trains w_loc on the loss
+lam/2 ||w_loc - theta||^2 (whose gradient step is 2.); its ``before_forward`` hook is 1., an inner
+``local_sgd`` on theta (= ``ctx.model``) for the step's batch. The outer loop runs ``local_steps``
 steps if set (the reference's ``local_epochs`` R=20 is 20 steps: set ``local_steps: 20``), else
 ``local_epochs`` epochs of batches. ``train_loss`` is theta's loss on each batch after its inner solve.
+The inner solve draws its batch (all of the step's samples, permuted) from its own generator.
 
 At the start of every round theta and w_loc are set to the received global model, as in the
 reference. w_loc travels (with theta's BatchNorm statistics); the server takes
@@ -28,10 +29,10 @@ import torch
 from pydantic import Field
 
 from fedmerge.core.algorithm import ALGORITHMS, AlgorithmConfig, ClientContext, ClientDataLike, StateDict
-from fedmerge.core.training import LocalTraining, local_sgd
+from fedmerge.core.training import LocalTraining, Step, local_sgd
 from fedmerge.core.types import ClientState, Payload, ServerState, Update
 
-from ._personal import BatchTap, GapProbe, average_updates, detached, half_sq_dist, leaves
+from ._personal import GapProbe, average_updates, detached, half_sq_dist, leaves
 from .base import GlobalModelAlgorithm, load_weights, model_weights
 
 
@@ -64,7 +65,6 @@ class PFedMe(GlobalModelAlgorithm):
         load_weights(ctx, payload.tensors)  # theta <- w_g
         probe = GapProbe(data, ctx, self.config.gap_samples)
         w_loc = leaves(payload.tensors, [n for n, _ in ctx.model.named_parameters()], ctx.device)
-        tap = BatchTap(data.x_train, data.y_train)
         # one slice holds any batch (local_sgd merges a trailing single sample into the last batch)
         inner = LocalTraining(lr=cfg.personal_lr, local_steps=cfg.inner_steps, batch_size=2 * cfg.batch_size)
         inner_gen = ctx.generator("inner")
@@ -72,28 +72,35 @@ class PFedMe(GlobalModelAlgorithm):
         def theta() -> dict[str, torch.Tensor]:
             return dict(ctx.model.named_parameters())
 
-        def solve_then_predict(xb: torch.Tensor) -> torch.Tensor:
+        def solve_inner_problem(step: Step) -> None:
+            # 1. theta ~ argmin f(theta; batch) + lam/2 ||theta - w_loc||^2, by K SGD steps on the batch
             anchor = {k: v.detach() for k, v in w_loc.items()}
-            local_sgd(
-                ctx.model, xb, tap.y, inner, inner_gen, extra_loss=lambda _: half_sq_dist(theta(), anchor, cfg.lam)
-            )
+
+            def prox(_: Step) -> torch.Tensor:
+                return half_sq_dist(theta(), anchor, cfg.lam)
+
+            local_sgd(ctx.model, step.x, step.y, inner, inner_gen, extra_loss=prox)
+
+        def personal_prediction(xb: torch.Tensor) -> torch.Tensor:  # theta's, for train_loss only
             ctx.model.eval()
             with torch.no_grad():
                 out = ctx.model(xb)
             ctx.model.train()
             return out
 
-        def envelope(_: torch.nn.Module) -> torch.Tensor:
+        def envelope(_: Step) -> torch.Tensor:
+            # 2. its gradient step is w_loc <- w_loc - lr * lam * (w_loc - theta)
             return half_sq_dist(w_loc, {k: v.detach() for k, v in theta().items()}, cfg.lam)
 
         stats = local_sgd(
             ctx.model,
-            tap.index,
+            data.x_train,
             data.y_train,
             cfg,
             ctx.generator("train"),
             params=list(w_loc.values()),
-            forward=tap.wrap(solve_then_predict),
+            before_forward=solve_inner_problem,
+            forward=personal_prediction,
             extra_loss=envelope,
         )
         personal = model_weights(ctx)

@@ -23,7 +23,7 @@ import torch
 from pydantic import Field, model_validator
 
 from fedmerge.core.algorithm import ALGORITHMS, AlgorithmConfig, ClientContext, ClientDataLike, StateDict
-from fedmerge.core.training import local_sgd
+from fedmerge.core.training import Step, local_sgd
 from fedmerge.core.types import ClientState, Payload, ServerState, Update
 
 from ._personal import GapProbe, Weighting, average_updates, zeros_like_params
@@ -82,12 +82,13 @@ class Scaffold(GlobalModelAlgorithm):
         c_i = state.tensors or zeros
         correction = {k: c[k] - c_i[k] for k in zeros}
 
-        def before_step(model: torch.nn.Module) -> None:
-            for n, p in model.named_parameters():
+        def correct_gradients(step: Step) -> None:  # g <- g + c - c_i
+            for n, p in step.model.named_parameters():
                 if p.grad is not None:
                     p.grad.add_(correction[n])
 
-        stats = local_sgd(ctx.model, data.x_train, data.y_train, cfg, ctx.generator("train"), before_step=before_step)
+        gen = ctx.generator("train")
+        stats = local_sgd(ctx.model, data.x_train, data.y_train, cfg, gen, before_step=correct_gradients)
         y = model_weights(ctx)
         meta = probe.meta(ctx, data, stats)
         if not cfg.control_variates or stats.steps == 0:

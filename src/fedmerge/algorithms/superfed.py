@@ -45,7 +45,7 @@ from pydantic import Field
 
 from fedmerge.core.algorithm import ALGORITHMS, AlgorithmConfig, ClientContext, ClientDataLike, StateDict
 from fedmerge.core.seeding import NO_ROUND, torch_generator
-from fedmerge.core.training import local_sgd
+from fedmerge.core.training import Step, local_sgd
 from fedmerge.core.types import ClientState, Payload, Update
 
 from ._personal import GapProbe, detached, interpolate, lambda_grid, lambda_key, leaves, pick_best
@@ -142,7 +142,7 @@ class SuPerFed(GlobalModelAlgorithm):
 
         use_prox, use_cos = cfg.mu > 0, mixing and cfg.nu > 0
 
-        def extra_loss(_: torch.nn.Module) -> torch.Tensor:
+        def extra_loss(_: Step) -> torch.Tensor:
             terms = []
             if use_prox:
                 terms.append(cfg.mu * prox_term(wf, anchor, cfg.prox))

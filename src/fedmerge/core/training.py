@@ -1,8 +1,10 @@
 """The one local-training routine every algorithm reuses, plus batched prediction.
 
 Methods that differ only by a loss term (FedProx, Ditto, SuPerFed...) pass ``extra_loss``;
-methods that alter gradients before the step (SCAFFOLD) pass ``before_step``. No algorithm
-writes its own epoch/batch loop.
+methods that alter gradients before the step (SCAFFOLD) pass ``before_step``; methods that do
+work on the minibatch before the forward pass (pFedMe's inner solve) pass ``before_forward``.
+Every hook receives the :class:`Step` in progress: the model, the step's index, the minibatch
+(x, y) and, once computed, the forward's output. No algorithm writes its own epoch/batch loop.
 """
 
 from __future__ import annotations
@@ -42,8 +44,20 @@ class TrainStats:
     samples: int
 
 
-ExtraLoss = Callable[[nn.Module], torch.Tensor]
-BeforeStep = Callable[[nn.Module], None]
+@dataclass
+class Step:
+    """One step of :func:`local_sgd`, as its hooks see it."""
+
+    model: nn.Module
+    index: int  # 0-based position of the step in this local_sgd call
+    x: torch.Tensor  # the minibatch
+    y: torch.Tensor
+    idx: torch.Tensor  # the minibatch's rows in the (x, y) given to local_sgd
+    logits: torch.Tensor | None = None  # the forward pass's output, set before ``extra_loss`` runs
+
+
+ExtraLoss = Callable[[Step], torch.Tensor]
+StepHook = Callable[[Step], None]
 BatchLoss = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
@@ -82,8 +96,9 @@ def local_sgd(
     *,
     params: Iterable[nn.Parameter] | None = None,
     extra_loss: ExtraLoss | None = None,
-    before_step: BeforeStep | None = None,
-    after_step: BeforeStep | None = None,
+    before_forward: StepHook | None = None,
+    before_step: StepHook | None = None,
+    after_step: StepHook | None = None,
     optimizer: torch.optim.Optimizer | None = None,
     forward: Callable[[torch.Tensor], torch.Tensor] | None = None,
     loss_fn: BatchLoss | None = None,
@@ -97,8 +112,11 @@ def local_sgd(
     forward through interpolated weights with ``torch.func.functional_call``); ``params`` must then
     name the tensors it trains. ``loss_fn(logits, y, idx)`` replaces the mean cross-entropy as the
     task loss; ``idx`` are the batch's sample indices into (x, y), for per-sample weights (FedEM).
-    ``after_step(model)`` runs after each optimiser step (LIVAR's path-integral importance reads the
-    step's parameter change there, with the gradients still in place).
+
+    Hooks, each called with the :class:`Step` in progress, in this order: ``before_forward`` (the
+    batch is drawn, nothing computed yet), ``extra_loss`` (added to the task loss; ``step.logits``
+    is set), ``before_step`` (gradients are ready) and ``after_step`` (after the optimiser step,
+    gradients still in place: LIVAR's path-integral importance reads the step's change there).
     """
     model.train()
     if optimizer is None:
@@ -111,20 +129,22 @@ def local_sgd(
     steps = samples = 0
     for idx in iterate_minibatches(n, cfg.batch_size, generator, cfg.local_epochs, cfg.local_steps):
         idx = idx.to(x.device)
-        xb, yb = x[idx], y[idx]
+        step = Step(model, steps, x[idx], y[idx], idx)
+        if before_forward is not None:
+            before_forward(step)
         optimizer.zero_grad(set_to_none=True)
-        logits = model(xb) if forward is None else forward(xb)
-        task_loss = F.cross_entropy(logits, yb) if loss_fn is None else loss_fn(logits, yb, idx)
-        loss = task_loss if extra_loss is None else task_loss + extra_loss(model)
+        step.logits = model(step.x) if forward is None else forward(step.x)
+        task_loss = F.cross_entropy(step.logits, step.y) if loss_fn is None else loss_fn(step.logits, step.y, idx)
+        loss = task_loss if extra_loss is None else task_loss + extra_loss(step)
         loss.backward()
         if before_step is not None:
-            before_step(model)
+            before_step(step)
         optimizer.step()
         if after_step is not None:
-            after_step(model)
+            after_step(step)
         total_loss += task_loss.detach().double().cpu()
         steps += 1
-        samples += int(yb.shape[0])
+        samples += int(step.y.shape[0])
     return TrainStats(loss=float(total_loss / max(steps, 1)), steps=steps, samples=samples)
 
 
