@@ -11,7 +11,13 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Personalized federated learning by model merging.")
+# show_locals=False: a bug's traceback must not dump tensors (thousands of lines) into the terminal
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_show_locals=False,
+    help="Personalized federated learning by model merging.",
+)
 out = Console()
 err = Console(stderr=True)
 
@@ -25,6 +31,11 @@ def _fail(message: str, code: int) -> None:
     # escape: messages contain literal brackets (e.g. pip install -e '.[flower]') that rich would eat
     err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
+
+
+def _notice(message: str) -> None:
+    style = "bold yellow" if message.startswith("warning:") else "dim"
+    err.print(f"[{style}]{escape(message)}[/]", highlight=False, soft_wrap=True)
 
 
 def _split_args(args: list[str] | None) -> tuple[str | None, list[str]]:
@@ -46,6 +57,9 @@ def _user_errors() -> tuple[type[BaseException], ...]:
 def run(
     args: list[str] = CONFIG_AND_OVERRIDES,
     resume: Path | None = typer.Option(None, "--resume", help="continue the run in this folder"),
+    checkpoint: str | None = typer.Option(
+        None, "--checkpoint", help="with --resume: continue from this file of RUN_DIR/checkpoints, not latest.json's"
+    ),
     device: str | None = typer.Option(None, "--device", help="cpu, cuda, cuda:N or auto"),
     data_dir: str | None = typer.Option(None, "--data-dir", help="folder holding the dataset files"),
     out_dir: str | None = typer.Option(None, "--output-dir", help="where run folders are created"),
@@ -65,7 +79,12 @@ def run(
         overrides.append(f"output_dir={out_dir}")
     try:
         result = run_from_files(
-            config_path, overrides, resume_dir=str(resume) if resume else None, show_progress=progress
+            config_path,
+            overrides,
+            resume_dir=str(resume) if resume else None,
+            checkpoint=checkpoint,
+            show_progress=progress,
+            notify=_notice,
         )
     except _user_errors() as exc:
         _fail(str(exc), 2)
@@ -151,8 +170,11 @@ def partition(
         _fail(str(exc), 2)
     out.print(data.summary_table(), highlight=False)
     if plot is not None:
-        data.plot_summary(plot)
-        out.print(f"plot saved to {plot}")
+        try:
+            data.plot_summary(plot)
+        except (OSError, ValueError) as exc:  # an unwritable folder, an unknown image format
+            _fail(f"--plot {plot}: {str(exc).splitlines()[0]}", 2)
+        out.print(f"plot saved to {plot}", soft_wrap=True, highlight=False)
 
 
 plot_app = typer.Typer(no_args_is_help=True, help="Plots drawn from run folders.")
@@ -173,7 +195,7 @@ def plot_merge_weights_cmd(
         _fail(f"{run_dir}: no metrics.jsonl; is it a run folder?", 2)
     try:
         path = plot_merge_weights(run_dir, out_path, rounds or None, panels)
-    except ValueError as exc:
+    except (OSError, ValueError) as exc:
         _fail(str(exc), 2)
     out.print(f"plot saved to {path}", soft_wrap=True, highlight=False)
 
@@ -189,7 +211,7 @@ def plot_lambda_cmd(
 
     try:
         path = plot_lambda(run_dir, out_path, split=split)
-    except (FileNotFoundError, ValueError) as exc:
+    except (OSError, ValueError) as exc:  # OSError: an unwritable --out
         _fail(str(exc), 2)
     out.print(f"plot saved to {path}", soft_wrap=True, highlight=False)
 
@@ -204,7 +226,7 @@ def plot_budget_cmd(
 
     try:
         path = plot_budget(run_dirs, out_path)
-    except (FileNotFoundError, ValueError) as exc:
+    except (OSError, ValueError) as exc:  # OSError: an unwritable --out
         _fail(str(exc), 2)
     out.print(f"plot saved to {path}", soft_wrap=True, highlight=False)
 

@@ -121,6 +121,7 @@ class FederatedDataset:
         if self.num_classes <= 20:
             ax.legend(title="class", fontsize="small", ncol=2, bbox_to_anchor=(1.01, 1), loc="upper left")
         fig.tight_layout()
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(path, dpi=120)
 
 

@@ -60,6 +60,11 @@ class DatasetConfig(ComponentConfig):
         None, ge=1, description="keep a stratified, fixed-seed subsample of this many samples (quick runs)"
     )
 
+    def token_length(self) -> int | None:
+        """Length of the int64 token sequences this dataset yields, known before loading; None for
+        float inputs (their shape is known only once loaded)."""
+        return None
+
 
 DatasetLoader = Callable[[ComponentConfig], Pool]
 DATASETS: Registry[DatasetLoader] = Registry("dataset")

@@ -7,6 +7,7 @@ with a one-line message naming the key path.
 
 from __future__ import annotations
 
+import re
 from functools import cache
 from pathlib import Path
 from typing import Any, Literal
@@ -18,8 +19,9 @@ from fedmerge.algorithms import ALGORITHMS
 from fedmerge.data import DATASETS, PARTITIONERS, NoiseConfig, SplitConfig
 from fedmerge.models import MODELS
 
+from .results import CONFIG_FILE
+
 DEFAULT_CONFIG: dict[str, Any] = {
-    "name": "fedavg-digits",
     "seed": 0,
     "rounds": 20,
     "dataset": {"name": "digits"},
@@ -27,6 +29,9 @@ DEFAULT_CONFIG: dict[str, Any] = {
     "model": {"name": "mlp"},
     "algorithm": {"name": "fedavg", "lr": 0.2, "local_epochs": 2, "batch_size": 32},
 }
+
+
+RUN_NAME = re.compile(r"^[A-Za-z0-9_.+-]+$")
 
 
 class ConfigError(ValueError):
@@ -52,7 +57,12 @@ class RunSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    name: str = Field("experiment", min_length=1, pattern=r"^[A-Za-z0-9_.+-]+$")
+    name: str = Field(
+        "experiment",
+        min_length=1,
+        pattern=RUN_NAME.pattern,
+        description="run folder prefix; default ALGORITHM-DATASET (e.g. fedprox-npz)",
+    )
     seed: int = Field(0, ge=0)
     rounds: int = Field(20, ge=1)
     participation: float = Field(1.0, gt=0, le=1, description="fraction of clients sampled per round")
@@ -174,8 +184,18 @@ def _data_dir_key(section: dict[str, Any]) -> list[str]:
 def read_yaml(path: Path) -> dict[str, Any]:
     if not path.exists():
         raise ConfigError(f"config file {path} does not exist")
+    if path.is_dir():
+        if (path / CONFIG_FILE).is_file():  # a run folder: the user most likely meant to continue it
+            raise ConfigError(f"{path} is a run folder, not a config; to continue it: fedmerge run --resume {path}")
+        raise ConfigError(f"{path} is a folder; expected a YAML config file")
+    if infer_dataset_name(str(path)) in ("npz", "csv") and path.suffix.lower() != ".txt":
+        raise ConfigError(f"{path} is a data file, not a config; to train on it: fedmerge run dataset.path={path}")
     try:
         data = yaml.safe_load(path.read_text()) or {}
+    except OSError as exc:
+        raise ConfigError(f"config file {path}: cannot read it ({exc.strerror})") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"config file {path}: not a text (YAML) file") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
@@ -204,10 +224,20 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 
 
 def validate(data: dict[str, Any]) -> BaseModel:
+    if data.get("name") is None:
+        data = {**data, "name": default_name(data)}
     try:
         return experiment_model().model_validate(data)
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc, data)) from None
+
+
+def default_name(data: dict[str, Any]) -> str:
+    """``ALGORITHM-DATASET`` of the resolved config: a run folder's name unless ``name`` is given."""
+    parts = [(data.get(section) or {}).get("name") for section in ("algorithm", "dataset")]
+    parts = [p for p in parts if isinstance(p, str) and p]
+    name = "-".join(parts) or "experiment"
+    return name if RUN_NAME.fullmatch(name) else "experiment"  # a bad component name is reported by validation
 
 
 def format_validation_error(exc: ValidationError, data: dict[str, Any]) -> str:
@@ -244,6 +274,18 @@ def _deep_copy(data: Any) -> Any:
     if isinstance(data, list):
         return [_deep_copy(v) for v in data]
     return data
+
+
+def config_warnings(cfg: BaseModel) -> list[str]:
+    """Valid but most likely unintended settings (one line each)."""
+    warnings = []
+    start = getattr(cfg.algorithm, "start_round", None)  # SuPerFed mixes from round start_round + 1
+    if cfg.algorithm.name.startswith("superfed") and isinstance(start, int) and cfg.rounds <= start:
+        warnings.append(
+            f"rounds={cfg.rounds} <= algorithm.start_round={start}: {cfg.algorithm.name} never starts mixing "
+            "(only the federated model trains); raise rounds or lower algorithm.start_round"
+        )
+    return warnings
 
 
 def to_yaml(cfg: BaseModel) -> str:
