@@ -12,7 +12,7 @@ from fedmerge.core.registry import ComponentConfig
 from fedmerge.core.seeding import numpy_rng
 from fedmerge.data.noise import NoiseConfig, apply_label_noise
 from fedmerge.data.partitioners import PARTITIONERS
-from fedmerge.data.pool import load_pool
+from fedmerge.data.pool import load_pool, standardize
 from fedmerge.data.split import SplitConfig, split_indices
 from fedmerge.data.transforms import rotate_images
 
@@ -164,16 +164,24 @@ def build_federated_dataset(
     partition = PARTITIONERS.get(pcfg.name).obj(pcfg, pool, numpy_rng(seed, purpose="partition"))
     partition.validate(len(pool))
 
-    x_pool = torch.from_numpy(np.ascontiguousarray(pool.x))
+    indices = [np.asarray(idx, dtype=np.int64) for idx in partition.indices]
+    splits = [
+        split_indices(pool.y[idx], split_cfg, numpy_rng(seed, client_id=cid, purpose="split"))
+        for cid, idx in enumerate(indices)
+    ]
+    x_np = pool.x
+    if pool.standardize:  # statistics of the training samples only: nothing leaks from val/test
+        train_rows = np.unique(np.concatenate([idx[train] for idx, (train, _, _) in zip(indices, splits)]))
+        x_np = standardize(x_np, train_rows)
+    x_pool = torch.from_numpy(np.ascontiguousarray(x_np))
     x_pool = x_pool.float() if x_pool.is_floating_point() else x_pool.long()
     clients = []
-    for cid, idx in enumerate(partition.indices):
-        idx = np.asarray(idx, dtype=np.int64)
+    for cid, idx in enumerate(indices):
         x = x_pool[torch.from_numpy(idx)]
         if partition.rotations is not None and partition.rotations[cid] % 360:
             x = rotate_images(x, partition.rotations[cid])
         y = pool.y[idx]
-        train, val, test = split_indices(y, split_cfg, numpy_rng(seed, client_id=cid, purpose="split"))
+        train, val, test = splits[cid]
         y_train, y_clean = apply_label_noise(
             y[train], noise_cfg, pool.num_classes, numpy_rng(seed, client_id=cid, purpose="noise")
         )
