@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from helpers import quick_config, run
@@ -304,3 +305,95 @@ def test_superfed_warns_when_mixing_never_starts(tmp_path):
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     assert "warning: rounds=2 <= algorithm.start_round=5: superfed_mm never starts mixing" in result.output
+
+
+# --- discoverability ------------------------------------------------------------------------------
+
+
+def test_list_kind_name_prints_every_key_with_type_default_and_description(monkeypatch):
+    from fedmerge import cli
+    from fedmerge.algorithms.fedmerge import FedMergeConfig
+
+    monkeypatch.setattr(cli.out, "width", 250)  # one line per key
+    result = CliRunner().invoke(app, ["list", "algorithm", "fedmerge"])
+    assert result.exit_code == 0, result.output
+    lines = {
+        line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:5]]
+        for line in result.output.splitlines()
+        if line.count("│") == 5
+    }
+    assert set(lines) == set(FedMergeConfig.model_fields) - {"name"}
+    assert lines["num_models"] == ["int, >= 1", "5", "d, the number of global models on the server"]
+    assert lines["merge_weights"][:2] == ["'dynamic' | 'fixed'", "dynamic"]
+    assert CliRunner().invoke(app, ["show", "algorithm", "fedmerge"]).output == result.output
+    assert CliRunner().invoke(app, ["list", "fedmerge"]).output == result.output  # a bare component name
+
+
+def test_every_component_and_section_documents_every_key():
+    from fedmerge.experiment import catalog
+    from fedmerge.experiment.schema_docs import describe
+
+    for kind, registry in catalog.REGISTRIES.items():
+        for entry in registry.entries():
+            rows = {r.key: r for r in describe(entry.config)}
+            assert set(entry.config.model_fields) - {"name"} <= set(rows), (kind, entry.name)
+            assert all(r.type and r.default for r in rows.values()), (kind, entry.name)
+    for kind, cls in catalog.SECTIONS.items():
+        assert set(cls.model_fields) <= {r.key for r in describe(cls)}, kind
+    ditto = {r.key: r for r in describe(catalog.config_class("algorithm", "ditto"))}
+    assert ditto["lam"].default == "1.0" and "proximal" not in ditto["lam"].type
+    assert ditto["personal_lr"].type == "float | None, > 0" and ditto["personal_lr"].default == "null"
+    superfed = {r.key: r for r in describe(catalog.config_class("algorithm", "superfed_mm"))}
+    assert "mixing starts after this round" in superfed["start_round"].description
+
+
+def test_sections_and_unknown_names():
+    runner = CliRunner()
+    run_keys = runner.invoke(app, ["list", "run"])
+    assert run_keys.exit_code == 0 and "checkpoint_every" in run_keys.output and "participation" in run_keys.output
+    assert "val_fraction" in runner.invoke(app, ["show", "split"]).output
+    bad = runner.invoke(app, ["list", "algorithm", "fedmerg"])
+    assert bad.exit_code == 2 and "unknown algorithm 'fedmerg'; did you mean fedmerge" in bad.output
+    assert runner.invoke(app, ["list", "colour"]).exit_code == 2
+
+
+def test_list_says_where_fedit_is():
+    result = CliRunner().invoke(app, ["list"])
+    assert result.exit_code == 0
+    assert "FedIT" in result.output and "fedavg with model.name=minilm_lora" in result.output
+    fedit = CliRunner().invoke(app, ["list", "algorithm", "FedIT"])
+    assert fedit.exit_code == 0 and "algorithm.name=fedavg" in fedit.output
+
+
+@pytest.mark.parametrize(
+    "overrides, needle",
+    [
+        (["algorithm.name=fedmerge", "algorithm.num_model=3"], "num_model: unknown key; did you mean num_models?"),
+        (["algorithm.name=ditto", "algorithm.lambda=1"], "did you mean lam?"),
+        (["roundz=3"], "roundz: unknown key; did you mean rounds?"),
+        (["algorithm.mu=0.1"], "algorithm.mu: unknown key for algorithm 'fedavg'; it belongs to fedprox"),
+        (["split.val=0.1"], "valid keys: val_fraction, test_fraction (described by: fedmerge list split)"),
+        (["algorithm.name=fedmerg"], "unknown name 'fedmerg'; did you mean fedmerge"),
+    ],
+)
+def test_unknown_keys_name_the_nearest_valid_ones(overrides, needle):
+    with pytest.raises(ConfigError) as err:
+        quick_config(*overrides)
+    assert needle in str(err.value)
+
+
+def test_run_folder_is_named_after_the_resolved_config(tmp_path):
+    from fedmerge.experiment.config import load_config
+
+    assert load_config(None, ["algorithm.name=fedprox"]).name == "fedprox-digits"
+    assert load_config(None, ["algorithm.name=fedprox", "name=mine"]).name == "mine"
+    x = np.random.default_rng(0).normal(size=(90, 3))
+    np.savez(tmp_path / "d.npz", x=x, y=(x[:, 0] > 0).astype(int))
+    result = CliRunner().invoke(
+        app,
+        ["run", "dataset.name=npz", f"dataset.path={tmp_path / 'd.npz'}", "algorithm.name=fedprox", "rounds=1",
+         "partition.num_clients=3", f"output_dir={tmp_path / 'runs'}", "threads=1", "--no-progress"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    assert run_dir.name.startswith("fedprox-npz-")

@@ -16,10 +16,12 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from fedmerge.algorithms import ALGORITHMS
+from fedmerge.core.registry import Registry
 from fedmerge.data import DATASETS, PARTITIONERS, NoiseConfig, SplitConfig
 from fedmerge.models import MODELS
 
 from .results import CONFIG_FILE
+from .schema_docs import did_you_mean, keys_at
 
 DEFAULT_CONFIG: dict[str, Any] = {
     "seed": 0,
@@ -63,17 +65,18 @@ class RunSettings(BaseModel):
         pattern=RUN_NAME.pattern,
         description="run folder prefix; default ALGORITHM-DATASET (e.g. fedprox-npz)",
     )
-    seed: int = Field(0, ge=0)
-    rounds: int = Field(20, ge=1)
+    seed: int = Field(0, ge=0, description="seeds the partition, splits, noise, initialisation and training")
+    rounds: int = Field(20, ge=1, description="communication rounds")
     participation: float = Field(1.0, gt=0, le=1, description="fraction of clients sampled per round")
-    eval_every: int = Field(1, ge=1)
-    checkpoint_every: int = Field(1, ge=1)
-    keep_checkpoints: int = Field(2, ge=1)
-    engine: Literal["local", "flower"] = "local"
-    flower: FlowerSettings | None = None  # None: defaults; omitted from config.yaml so local runs are unchanged
-    device: str = Field("cpu", pattern=r"^(cpu|cuda(:\d+)?|mps|auto)$")
-    output_dir: str = "runs"
-    eval_batch_size: int = Field(1024, ge=1)
+    eval_every: int = Field(1, ge=1, description="evaluate every this many rounds (and always the last)")
+    checkpoint_every: int = Field(1, ge=1, description="checkpoint every this many rounds (and always the last)")
+    keep_checkpoints: int = Field(2, ge=1, description="checkpoint files kept in RUN_DIR/checkpoints")
+    engine: Literal["local", "flower"] = Field("local", description="local: in-process; flower: Flower (simulation)")
+    # None: defaults; omitted from config.yaml so local runs are unchanged
+    flower: FlowerSettings | None = Field(None, description="Flower settings (fedmerge list flower)")
+    device: str = Field("cpu", pattern=r"^(cpu|cuda(:\d+)?|mps|auto)$", description="cpu, cuda, cuda:N, mps or auto")
+    output_dir: str = Field("runs", description="where run folders are created")
+    eval_batch_size: int = Field(1024, ge=1, description="batch size of evaluation (memory only, not results)")
     threads: int | None = Field(
         None,
         ge=1,
@@ -150,7 +153,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return data
 
 
-_COMPONENT_SECTIONS = {
+COMPONENT_SECTIONS: dict[str, Registry] = {
     "algorithm": ALGORITHMS,
     "dataset": DATASETS,
     "partition": PARTITIONERS,
@@ -161,7 +164,7 @@ _COMPONENT_SECTIONS = {
 def _switch_component(section: str, node: dict[str, Any], new_name: Any) -> None:
     """On ``section.name=other``, keep only the fields the new component also accepts
     (e.g. lr and batch_size survive fedavg -> fedprox; alpha does not survive dirichlet -> iid)."""
-    registry = _COMPONENT_SECTIONS.get(section)
+    registry = COMPONENT_SECTIONS.get(section)
     if registry is None or not isinstance(new_name, str) or new_name not in registry:
         return  # validation reports the bad name
     accepted = registry.get(new_name).config.model_fields
@@ -245,15 +248,38 @@ def format_validation_error(exc: ValidationError, data: dict[str, Any]) -> str:
     loc = _clean_loc(err["loc"], data)
     msg = err["msg"]
     if err["type"] == "extra_forbidden":
-        msg = "unknown key"
+        msg = "unknown key" + _nearest_keys(err["loc"])
     elif err["type"] == "union_tag_invalid":
         ctx = err.get("ctx", {})
-        msg = f"unknown name {ctx.get('tag')!r}; expected one of {ctx.get('expected_tags')}"
+        tag, expected = str(ctx.get("tag")), str(ctx.get("expected_tags", ""))
+        names = [n.strip(" '") for n in expected.split(",")]
+        close = did_you_mean(tag, names)
+        msg = f"unknown name {tag!r}" + (close or f"; expected one of {expected}")
         loc = loc + ".name"
     elif "input" in err and not isinstance(err["input"], dict | list):
         msg = f"{msg} (got {err['input']!r})"
     more = f" (+{len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
     return f"{loc}: {msg}{more}"
+
+
+def _nearest_keys(loc: tuple) -> str:
+    """'; did you mean num_models?', else which other component takes the key, else the valid keys."""
+    in_component = len(loc) >= 3 and loc[0] in COMPONENT_SECTIONS  # (section, component name, ..., key)
+    valid = [k for k in keys_at(experiment_model(), loc) or [] if not (in_component and k == "name")]
+    if not valid:
+        return ""
+    key = str(loc[-1])
+    close = did_you_mean(key, valid)
+    if close:
+        return close
+    if not in_component:
+        where = f"fedmerge list {loc[0]}" if len(loc) == 2 else "fedmerge list run"
+        return f"; valid keys: {', '.join(valid)} (described by: {where})"
+    section, name = str(loc[0]), str(loc[1])
+    owners = [e.name for e in COMPONENT_SECTIONS[section].entries() if key in e.config.model_fields]
+    if owners and len(loc) == 3:
+        return f" for {section} {name!r}; it belongs to {', '.join(owners[:4])} (fedmerge list {section} {owners[0]})"
+    return f"; valid keys: {', '.join(valid)} (described by: fedmerge list {section} {name})"
 
 
 def _clean_loc(loc: tuple, data: dict[str, Any]) -> str:
