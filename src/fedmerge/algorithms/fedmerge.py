@@ -22,7 +22,7 @@ payload tensors are views into a merge buffer reused by the next call of the sam
 from ``configure`` stay valid until the next ``configure`` (those from ``configure_evaluate`` until
 the next ``configure_evaluate``), so an engine must load or serialise them before asking again.
 
-Choices (reference code = shutong043/FedMerge @ac60469; see ``shared/methods-notes.md`` section 1):
+Choices (reference code = shutong043/FedMerge @ac60469):
 
 * ``prox_form``: ``reference`` (default) is the authors' ``prox_mu * ||theta - theta0||^2`` with no
   1/2; ``fedprox`` is FedProx's ``prox_mu/2 * ||.||^2``. Only trainable parameters enter the term.
