@@ -101,12 +101,14 @@ def run_rounds(
         gap = local_gap(updates)
         if gap is not None:
             record["local_gap"] = gap
+        # every round, not only at evaluations: the server's figures (merge weights) are small and a
+        # plot of their trajectory needs them all
+        report = algorithm.server_report(state, rnd)
+        if report:
+            record["server"] = report
         if schedule.is_eval_round(rnd):
             t1 = time.perf_counter()
             record["eval"] = evaluate_all(algorithm, engine, state, rnd, schedule.num_clients)
-            report = algorithm.server_report(state, rnd)
-            if report:
-                record["server"] = report
             record["eval_seconds"] = time.perf_counter() - t1
         if on_round_end is not None:
             on_round_end(rnd, state, record)
