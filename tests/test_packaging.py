@@ -46,7 +46,8 @@ def test_readme_links_resolve_and_architecture_doc_exists():
 def test_readme_lists_every_dataset_algorithm_and_partitioner():
     readme = (ROOT / "README.md").read_text()
     for registry in (DATASETS, ALGORITHMS, PARTITIONERS):
-        missing = [e.name for e in registry.entries() if f"`{e.name}`" not in readme]
+        shipped = [e for e in registry.entries() if e.config.__module__.startswith("fedmerge.")]  # not tests'
+        missing = [e.name for e in shipped if f"`{e.name}`" not in readme]
         assert missing == [], registry.kind
     for option in ("header", "label_column", "client_column", "delimiter", "standardize"):
         assert option in readme, option

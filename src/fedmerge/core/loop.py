@@ -128,11 +128,12 @@ def update_problem(update: Update, expected: Signature | None) -> str | None:
     n = update.meta.get("num_examples")
     if not isinstance(n, int) or isinstance(n, bool) or n < 0:
         return f"num_examples is {n!r}, not a count"
-    for key, value in update.tensors.items():
-        if value.is_floating_point() or value.is_complex():
-            bad = int(value.numel() - torch.isfinite(value).sum())
-            if bad:
-                return f"{bad} non-finite value(s) in {key!r} (local training diverged?)"
+    floats = {k: v for k, v in update.tensors.items() if v.is_floating_point() or v.is_complex()}
+    # one device sync per update when all is well; counting happens only for a bad one
+    if floats and not bool(torch.stack([torch.isfinite(v).all() for v in floats.values()]).all()):
+        key, value = next((k, v) for k, v in floats.items() if not bool(torch.isfinite(v).all()))
+        bad = int(value.numel() - torch.isfinite(value).sum())
+        return f"{bad} non-finite value(s) in {key!r} (local training diverged?)"
     if expected is None:
         return None
     got = _signature(update)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -97,6 +98,14 @@ def check_compatibility(
     return model
 
 
+def _latest_names(folder: Path, file: str) -> bool:
+    """Whether ``latest.json`` (when readable) points at ``file``: then its checksum can be verified."""
+    try:
+        return json.loads((folder / LATEST).read_text()).get("file") == Path(file).name
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
@@ -181,10 +190,10 @@ def resume_checkpoint(run_dir: Path, cfg: BaseModel, file: str | None = None) ->
     (checksum verified). None when the run stopped before its first checkpoint. A folder whose
     ``latest.json`` is gone while round files remain is refused: restarting would discard them."""
     folder = run_dir / CHECKPOINT_DIR
-    if file is not None:
-        ckpt = parse_checkpoint(folder / Path(file).name if not Path(file).is_file() else Path(file))
+    if file is not None and not _latest_names(folder, file):
+        ckpt = parse_checkpoint(Path(file) if Path(file).is_file() else folder / Path(file).name)
     elif (folder / LATEST).exists():
-        ckpt = load_checkpoint(folder)
+        ckpt = load_checkpoint(folder)  # checksum verified
     else:
         newest = newest_checkpoint_file(folder)
         if newest is None:
