@@ -11,7 +11,13 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Personalized federated learning by model merging.")
+# show_locals=False: a bug's traceback must not dump tensors (thousands of lines) into the terminal
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_show_locals=False,
+    help="Personalized federated learning by model merging.",
+)
 out = Console()
 err = Console(stderr=True)
 
@@ -25,6 +31,11 @@ def _fail(message: str, code: int) -> None:
     # escape: messages contain literal brackets (e.g. pip install -e '.[flower]') that rich would eat
     err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
+
+
+def _notice(message: str) -> None:
+    style = "bold yellow" if message.startswith("warning:") else "dim"
+    err.print(f"[{style}]{escape(message)}[/]", highlight=False, soft_wrap=True)
 
 
 def _split_args(args: list[str] | None) -> tuple[str | None, list[str]]:
@@ -46,6 +57,9 @@ def _user_errors() -> tuple[type[BaseException], ...]:
 def run(
     args: list[str] = CONFIG_AND_OVERRIDES,
     resume: Path | None = typer.Option(None, "--resume", help="continue the run in this folder"),
+    checkpoint: str | None = typer.Option(
+        None, "--checkpoint", help="with --resume: continue from this file of RUN_DIR/checkpoints, not latest.json's"
+    ),
     device: str | None = typer.Option(None, "--device", help="cpu, cuda, cuda:N or auto"),
     data_dir: str | None = typer.Option(None, "--data-dir", help="folder holding the dataset files"),
     out_dir: str | None = typer.Option(None, "--output-dir", help="where run folders are created"),
@@ -65,7 +79,12 @@ def run(
         overrides.append(f"output_dir={out_dir}")
     try:
         result = run_from_files(
-            config_path, overrides, resume_dir=str(resume) if resume else None, show_progress=progress
+            config_path,
+            overrides,
+            resume_dir=str(resume) if resume else None,
+            checkpoint=checkpoint,
+            show_progress=progress,
+            notify=_notice,
         )
     except _user_errors() as exc:
         _fail(str(exc), 2)
@@ -119,20 +138,86 @@ def print_summary(summary: dict[str, Any]) -> None:
         out.print(f"cluster recovery (ARI, argmax merge weight vs true group): {recovery['ari']:.4f}")
 
 
-@app.command("list")
-def list_components() -> None:
-    """Show the registered algorithms, datasets, partitioners and models."""
-    from fedmerge.algorithms import ALGORITHMS
-    from fedmerge.data import DATASETS, PARTITIONERS
-    from fedmerge.models import MODELS
+KIND_ARG = typer.Argument(None, help="algorithm, dataset, partition, model, or a section: run, split, noise, flower")
+NAME_ARG = typer.Argument(None, help="a registered name (e.g. fedmerge): print its options")
 
-    for registry in (ALGORITHMS, DATASETS, PARTITIONERS, MODELS):
-        table = Table(title=f"{registry.kind}s", show_header=False, title_justify="left")
-        table.add_column("name", style="bold")
-        table.add_column("description")
-        for entry in registry.entries():
-            table.add_row(entry.name, entry.description)
-        out.print(table)
+
+@app.command("list")
+def list_components(kind: str | None = KIND_ARG, name: str | None = NAME_ARG) -> None:
+    """Show the registered components, or every option of one: fedmerge list algorithm fedmerge."""
+    from fedmerge.experiment import catalog
+
+    if kind is None:
+        for registry in catalog.REGISTRIES.values():
+            _print_registry(registry)
+        known = Table(title="known by another name", show_header=False, title_justify="left")
+        known.add_column("name", style="bold")
+        known.add_column("is")
+        for alias, (_, text) in catalog.KNOWN_AS.items():
+            known.add_row(text.split(":", 1)[0] if ":" in text else alias, text.split(": ", 1)[-1])
+        out.print(known)
+        out.print(
+            "options of one component: fedmerge list KIND NAME (e.g. fedmerge list algorithm fedmerge); "
+            "other settings: fedmerge list run | split | noise | flower",
+            soft_wrap=True,
+            highlight=False,
+        )
+        return
+    resolved = catalog.kind_of(kind)
+    if resolved is None:  # `fedmerge list fedmerge`: a component name on its own
+        hits = catalog.find_component(kind) if name is None else []
+        if len(hits) != 1:
+            _fail(f"unknown kind {kind!r}; expected one of {', '.join(catalog.kinds())}", 2)
+        resolved, name = hits[0]
+    if resolved in catalog.REGISTRIES and name is None:
+        _print_registry(catalog.REGISTRIES[resolved])
+        out.print(f"options of one: fedmerge list {resolved} NAME", highlight=False)
+        return
+    _print_options(resolved, name)
+
+
+@app.command("show")
+def show_component(kind: str = typer.Argument(..., help=KIND_ARG.help), name: str | None = NAME_ARG) -> None:
+    """Every option of a component or section, with type, default and description (as list KIND NAME)."""
+    list_components(kind, name)
+
+
+def _print_registry(registry: Any) -> None:
+    table = Table(title=f"{registry.kind}s", show_header=False, title_justify="left")
+    table.add_column("name", style="bold")
+    table.add_column("description")
+    for entry in registry.entries():
+        table.add_row(entry.name, entry.description)
+    out.print(table)
+
+
+def _print_options(kind: str, name: str | None) -> None:
+    from fedmerge.experiment import catalog
+    from fedmerge.experiment.schema_docs import describe
+
+    try:
+        cls = catalog.config_class(kind, name)
+    except KeyError as exc:
+        _fail(str(exc.args[0]), 2)
+    if kind in catalog.REGISTRIES:
+        registered = cls.model_fields["name"].default
+        alias = catalog.KNOWN_AS.get(str(name).lower())
+        if alias is not None and name != registered:
+            out.print(alias[1], highlight=False)
+        title = (
+            f"{kind}.name={registered}: {catalog.REGISTRIES[kind].get(registered).description}\n"
+            f"set a key as {kind}.KEY=VALUE"
+        )
+    elif kind == "run":
+        title = "top-level settings, set as KEY=VALUE (sections: fedmerge list)"
+    else:
+        title = f"{kind} settings, set as {kind}.KEY=VALUE"
+    table = Table(title=escape(title), title_justify="left")
+    for column in ("key", "type", "default", "description"):
+        table.add_column(column, style="bold" if column == "key" else None, overflow="fold", no_wrap=column == "key")
+    for row in describe(cls):
+        table.add_row(row.key, escape(row.type), escape(row.default), escape(row.description))
+    out.print(table)
 
 
 @app.command()
@@ -151,8 +236,11 @@ def partition(
         _fail(str(exc), 2)
     out.print(data.summary_table(), highlight=False)
     if plot is not None:
-        data.plot_summary(plot)
-        out.print(f"plot saved to {plot}")
+        try:
+            data.plot_summary(plot)
+        except (OSError, ValueError) as exc:  # an unwritable folder, an unknown image format
+            _fail(f"--plot {plot}: {str(exc).splitlines()[0]}", 2)
+        out.print(f"plot saved to {plot}", soft_wrap=True, highlight=False)
 
 
 plot_app = typer.Typer(no_args_is_help=True, help="Plots drawn from run folders.")
@@ -173,7 +261,7 @@ def plot_merge_weights_cmd(
         _fail(f"{run_dir}: no metrics.jsonl; is it a run folder?", 2)
     try:
         path = plot_merge_weights(run_dir, out_path, rounds or None, panels)
-    except ValueError as exc:
+    except (OSError, ValueError) as exc:
         _fail(str(exc), 2)
     out.print(f"plot saved to {path}", soft_wrap=True, highlight=False)
 
@@ -189,7 +277,7 @@ def plot_lambda_cmd(
 
     try:
         path = plot_lambda(run_dir, out_path, split=split)
-    except (FileNotFoundError, ValueError) as exc:
+    except (OSError, ValueError) as exc:  # OSError: an unwritable --out
         _fail(str(exc), 2)
     out.print(f"plot saved to {path}", soft_wrap=True, highlight=False)
 
@@ -204,7 +292,7 @@ def plot_budget_cmd(
 
     try:
         path = plot_budget(run_dirs, out_path)
-    except (FileNotFoundError, ValueError) as exc:
+    except (OSError, ValueError) as exc:  # OSError: an unwritable --out
         _fail(str(exc), 2)
     out.print(f"plot saved to {path}", soft_wrap=True, highlight=False)
 

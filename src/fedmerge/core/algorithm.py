@@ -88,7 +88,7 @@ class Algorithm(ABC):
         return None
 
     def server_report(self, state: ServerState, rnd: int) -> dict[str, Any]:
-        """JSON-able server-side figures logged at evaluation rounds (e.g. merge weights)."""
+        """Small JSON-able server-side figures logged every round (e.g. merge weights)."""
         return {}
 
     def client_optimized_parameters(self, model_parameters: int, client_states: Iterable[ClientState]) -> float:

@@ -115,12 +115,30 @@ def load_checkpoint(folder: Path) -> Checkpoint:
             f"checkpoint {path} is corrupt or truncated (sha256 {actual[:12]}... != recorded {expected[:12]}...); "
             "refusing to load it"
         )
+    checkpoint = parse_checkpoint(path, data)
+    if checkpoint.round != round_idx:
+        raise CheckpointError(f"checkpoint {path} holds round {checkpoint.round}, {LATEST} says {round_idx}")
+    return checkpoint
+
+
+def newest_checkpoint_file(folder: Path) -> Path | None:
+    """The ``round-*.safetensors`` file of the highest round in ``folder``, if any."""
+    files = sorted(Path(folder).glob("round-*.safetensors"))
+    return files[-1] if files else None
+
+
+def parse_checkpoint(path: Path, data: bytes | None = None) -> Checkpoint:
+    """Read one checkpoint file as it is (no checksum: :func:`load_checkpoint` verifies one first)."""
+    path = Path(path)
+    if data is None:
+        if not path.is_file():
+            raise CheckpointError(f"checkpoint file {path} does not exist")
+        data = path.read_bytes()
     try:
         record = Record.from_bytes(data)
-    except Exception as exc:  # a valid checksum over an invalid file means it was written wrong
-        raise CheckpointError(f"checkpoint {path} cannot be parsed: {exc}") from None
-    if int(record.meta["round"]) != round_idx:
-        raise CheckpointError(f"checkpoint {path} holds round {record.meta['round']}, {LATEST} says {round_idx}")
+        round_idx = int(record.meta["round"])
+    except Exception as exc:  # truncated, altered, or not a checkpoint at all
+        raise CheckpointError(f"checkpoint {path} cannot be parsed: {str(exc).splitlines()[0]}") from None
     server = ServerState(meta=record.meta["server_meta"])
     clients: dict[int, ClientState] = {int(cid): ClientState(meta=m) for cid, m in record.meta["client_meta"].items()}
     for key, value in record.tensors.items():

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
+import torch
 
 from .algorithm import Algorithm
 from .seeding import numpy_rng
@@ -80,31 +81,101 @@ def run_rounds(
         t0 = time.perf_counter()
         selected = schedule.sample(rnd)
         payloads = algorithm.configure(state, rnd, selected)
-        updates = engine.fit(algorithm, rnd, payloads)
+        received = engine.fit(algorithm, rnd, payloads)
+        if not received:
+            raise RoundFailed(f"round {rnd}: no client returned an update")
+        updates, dropped = screen_updates(rnd, received)
         if not updates:
-            raise RuntimeError(f"round {rnd}: no client returned an update")
+            raise RoundFailed(_all_dropped_message(rnd, algorithm, dropped))
         state = algorithm.aggregate(state, rnd, updates)
         record: dict[str, Any] = {
             "round": rnd,
             "selected": selected,
             "train_loss": _weighted_train_loss(updates),
             "comm_down": float(np.mean([p.num_parameters() for p in payloads.values()])),
-            "comm_up": float(np.mean([u.num_parameters() for u in updates.values()])),
+            "comm_up": float(np.mean([u.num_parameters() for u in received.values()])),
             "fit_seconds": time.perf_counter() - t0,
         }
+        if dropped:  # same form as the clients an engine drops (merged with them by the runner)
+            record["failed_clients"] = dropped
         gap = local_gap(updates)
         if gap is not None:
             record["local_gap"] = gap
+        # every round, not only at evaluations: the server's figures (merge weights) are small and a
+        # plot of their trajectory needs them all
+        report = algorithm.server_report(state, rnd)
+        if report:
+            record["server"] = report
         if schedule.is_eval_round(rnd):
             t1 = time.perf_counter()
             record["eval"] = evaluate_all(algorithm, engine, state, rnd, schedule.num_clients)
-            report = algorithm.server_report(state, rnd)
-            if report:
-                record["server"] = report
             record["eval_seconds"] = time.perf_counter() - t1
         if on_round_end is not None:
             on_round_end(rnd, state, record)
     return state
+
+
+Signature = tuple[tuple[str, tuple[int, ...], torch.dtype], ...]
+
+
+def _signature(update: Update) -> Signature:
+    return tuple(sorted((k, tuple(v.shape), v.dtype) for k, v in update.tensors.items()))
+
+
+def update_problem(update: Update, expected: Signature | None) -> str | None:
+    """Why the server must not aggregate ``update`` (None when it may): a non-finite value, a bad
+    sample count, or tensors other than ``expected`` (keys, shapes, dtypes)."""
+    n = update.meta.get("num_examples")
+    if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+        return f"num_examples is {n!r}, not a count"
+    floats = {k: v for k, v in update.tensors.items() if v.is_floating_point() or v.is_complex()}
+    # one device sync per update when all is well; counting happens only for a bad one
+    if floats and not bool(torch.stack([torch.isfinite(v).all() for v in floats.values()]).all()):
+        key, value = next((k, v) for k, v in floats.items() if not bool(torch.isfinite(v).all()))
+        bad = int(value.numel() - torch.isfinite(value).sum())
+        return f"{bad} non-finite value(s) in {key!r} (local training diverged?)"
+    if expected is None:
+        return None
+    got = _signature(update)
+    if got == expected:
+        return None
+    want, have = {k: (s, d) for k, s, d in expected}, {k: (s, d) for k, s, d in got}
+    missing, extra = sorted(want.keys() - have.keys()), sorted(have.keys() - want.keys())
+    if missing or extra:
+        return f"tensors differ from the other clients' (missing {missing[:3]}, unexpected {extra[:3]})"
+    key = next(k for k in sorted(want) if want[k] != have[k])
+    return f"tensor {key!r} is {have[key][0]} {have[key][1]}, the other clients' are {want[key][0]} {want[key][1]}"
+
+
+def screen_updates(rnd: int, updates: dict[int, Update]) -> tuple[dict[int, Update], list[dict[str, Any]]]:
+    """Split a round's updates into those the server may aggregate and the dropped ones, recorded as
+    ``{"round", "cid", "phase": "update", "reason"}``. Every client of a round runs the same method, so
+    the tensors (keys, shapes, dtypes) that more than half of the updates share are the expected ones."""
+    signatures = {cid: _signature(u) for cid, u in updates.items()}
+    counts: dict[Signature, int] = {}
+    for sig in signatures.values():
+        counts[sig] = counts.get(sig, 0) + 1
+    majority = max(counts, key=counts.__getitem__)
+    expected = majority if 2 * counts[majority] > len(updates) else None
+    good: dict[int, Update] = {}
+    dropped: list[dict[str, Any]] = []
+    for cid in sorted(updates):
+        problem = update_problem(updates[cid], expected)
+        if problem is None:
+            good[cid] = updates[cid]
+        else:
+            dropped.append({"round": rnd, "cid": cid, "phase": "update", "reason": problem})
+    return good, dropped
+
+
+def _all_dropped_message(rnd: int, algorithm: Algorithm, dropped: list[dict[str, Any]]) -> str:
+    lr = getattr(getattr(algorithm, "config", None), "lr", None)
+    lower = f"a smaller algorithm.lr (now {lr:g})" if isinstance(lr, float) else "a smaller algorithm.lr"
+    first = dropped[0]
+    return (
+        f"round {rnd}: the updates of all {len(dropped)} clients were dropped (client {first['cid']}: "
+        f"{first['reason']}); try {lower}"
+    )
 
 
 def _weighted_train_loss(updates: dict[int, Update]) -> float:

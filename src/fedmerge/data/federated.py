@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -12,7 +13,7 @@ from fedmerge.core.registry import ComponentConfig
 from fedmerge.core.seeding import numpy_rng
 from fedmerge.data.noise import NoiseConfig, apply_label_noise
 from fedmerge.data.partitioners import PARTITIONERS
-from fedmerge.data.pool import load_pool
+from fedmerge.data.pool import load_pool, standardize
 from fedmerge.data.split import SplitConfig, split_indices
 from fedmerge.data.transforms import rotate_images
 
@@ -100,28 +101,56 @@ class FederatedDataset:
         return counts
 
     def plot_summary(self, path: str | Path) -> None:
-        """Stacked bar chart of per-client class counts."""
+        """Save :meth:`summary_figure` as an image (creating its folder)."""
+        fig = self.summary_figure()
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=120)
+
+    def summary_figure(self) -> Any:
+        """Stacked bar chart of per-client class counts; with cluster or domain groups, clients are
+        ordered by group, with a dashed separator and the group's name between groups."""
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
+        from matplotlib.ticker import MaxNLocator
 
         # A bare Figure with the Agg canvas: no pyplot, so the caller's global backend is untouched.
         counts = self.class_counts()
+        groups = [c.group for c in self.clients]
+        grouped = all(g is not None for g in groups)
+        order = np.argsort(np.asarray(groups), kind="stable") if grouped else np.arange(self.num_clients)
         fig = Figure(figsize=(max(6.0, 0.25 * self.num_clients + 2), 4.0))
         FigureCanvasAgg(fig)
         ax = fig.add_subplot()
         colors = _class_colors(self.num_classes)
         bottom = np.zeros(self.num_clients)
-        ids = np.arange(self.num_clients)
+        pos = np.arange(self.num_clients)
         for k in range(self.num_classes):
-            ax.bar(ids, counts[:, k], bottom=bottom, width=0.85, color=colors[k], label=str(k))
-            bottom += counts[:, k]
-        ax.set_xlabel("client")
+            ax.bar(pos, counts[order, k], bottom=bottom, width=0.85, color=colors[k], label=str(k))
+            bottom = bottom + counts[order, k]  # a new array: bar() may keep a reference to the old one
+        ax.margins(x=0.01)
+        # explicit: the empty segments on top of each bar are "sticky" and would cancel a y margin
+        ax.set_ylim(0, max(float(bottom.max()), 1.0) * 1.06)
+        if self.num_clients <= 40:  # every client by its id
+            ax.set_xticks(pos, [str(int(c)) for c in order], fontsize="small" if self.num_clients > 20 else None)
+        else:  # integer positions only (ids are in order when there are no groups)
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        if grouped:
+            sorted_groups = np.asarray(groups)[order]
+            starts = [0, *(np.flatnonzero(np.diff(sorted_groups)) + 1).tolist()]
+            ends = [*starts[1:], self.num_clients]
+            for start, end in zip(starts, ends):
+                if start:
+                    ax.axvline(start - 0.5, color="0.3", linestyle="--", linewidth=1.0)
+                label = f"group {sorted_groups[start]}"
+                where = ax.get_xaxis_transform()  # x in data units, y in axes units: just above the plot
+                ax.text((start + end - 1) / 2, 1.01, label, transform=where, ha="center", va="bottom", fontsize="small")
+        ax.set_xlabel("client (ordered by group)" if grouped else "client")
         ax.set_ylabel("samples")
-        ax.set_title(f"{self.name}: samples per client and class")
+        ax.set_title(f"{self.name}: samples per client and class", pad=18 if grouped else 6)
         if self.num_classes <= 20:
             ax.legend(title="class", fontsize="small", ncol=2, bbox_to_anchor=(1.01, 1), loc="upper left")
         fig.tight_layout()
-        fig.savefig(path, dpi=120)
+        return fig
 
 
 def _class_colors(num_classes: int) -> list:
@@ -163,16 +192,24 @@ def build_federated_dataset(
     partition = PARTITIONERS.get(pcfg.name).obj(pcfg, pool, numpy_rng(seed, purpose="partition"))
     partition.validate(len(pool))
 
-    x_pool = torch.from_numpy(np.ascontiguousarray(pool.x))
+    indices = [np.asarray(idx, dtype=np.int64) for idx in partition.indices]
+    splits = [
+        split_indices(pool.y[idx], split_cfg, numpy_rng(seed, client_id=cid, purpose="split"))
+        for cid, idx in enumerate(indices)
+    ]
+    x_np = pool.x
+    if pool.standardize:  # statistics of the training samples only: nothing leaks from val/test
+        train_rows = np.unique(np.concatenate([idx[train] for idx, (train, _, _) in zip(indices, splits)]))
+        x_np = standardize(x_np, train_rows)
+    x_pool = torch.from_numpy(np.ascontiguousarray(x_np))
     x_pool = x_pool.float() if x_pool.is_floating_point() else x_pool.long()
     clients = []
-    for cid, idx in enumerate(partition.indices):
-        idx = np.asarray(idx, dtype=np.int64)
+    for cid, idx in enumerate(indices):
         x = x_pool[torch.from_numpy(idx)]
         if partition.rotations is not None and partition.rotations[cid] % 360:
             x = rotate_images(x, partition.rotations[cid])
         y = pool.y[idx]
-        train, val, test = split_indices(y, split_cfg, numpy_rng(seed, client_id=cid, purpose="split"))
+        train, val, test = splits[cid]
         y_train, y_clean = apply_label_noise(
             y[train], noise_cfg, pool.num_classes, numpy_rng(seed, client_id=cid, purpose="noise")
         )

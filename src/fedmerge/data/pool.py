@@ -16,8 +16,8 @@ from fedmerge.core.seeding import numpy_rng
 class Pool:
     """A whole dataset in memory.
 
-    ``x`` is float32 (images ``N x C x H x W`` in [0, 1]; tabular ``N x F`` standardized) or int64 token
-    sequences ``N x T``; ``y`` holds int64 labels ``0..num_classes-1``.
+    ``x`` is float32 (images ``N x C x H x W`` in [0, 1]; tabular ``N x F`` as read, standardized later
+    when ``standardize``) or int64 token sequences ``N x T``; ``y`` holds int64 labels ``0..num_classes-1``.
     """
 
     x: np.ndarray
@@ -27,6 +27,8 @@ class Pool:
     domain: np.ndarray | None = None
     natural_id: np.ndarray | None = None
     class_names: list[str] | None = None
+    # standardize features with the statistics of the training samples (fedmerge.data.federated)
+    standardize: bool = False
 
     def __post_init__(self) -> None:
         n = len(self.x)
@@ -60,6 +62,11 @@ class DatasetConfig(ComponentConfig):
         None, ge=1, description="keep a stratified, fixed-seed subsample of this many samples (quick runs)"
     )
 
+    def token_length(self) -> int | None:
+        """Length of the int64 token sequences this dataset yields, known before loading; None for
+        float inputs (their shape is known only once loaded)."""
+        return None
+
 
 DatasetLoader = Callable[[ComponentConfig], Pool]
 DATASETS: Registry[DatasetLoader] = Registry("dataset")
@@ -85,12 +92,38 @@ def stratified_subsample(pool: Pool, max_samples: int) -> Pool:
     return pool.subset(np.sort(np.concatenate(chosen)))
 
 
-def standardize(x: np.ndarray) -> np.ndarray:
-    """Zero mean, unit variance per feature (constant features become 0)."""
-    x = x.astype(np.float64)
-    std = x.std(axis=0)
+def to_float32(x: np.ndarray) -> np.ndarray:
+    """``x`` as float32; values beyond its range become +-Inf silently (:func:`require_finite` counts them)."""
+    with np.errstate(over="ignore"):
+        return x.astype(np.float32)
+
+
+def require_finite(x: np.ndarray, where: str, note: str = "") -> np.ndarray:
+    """``x`` unchanged if every value is finite, else one-line ValueError naming ``where`` and the count.
+
+    Loaders call it after converting to float32, so values that overflow it (1e39) count as Inf.
+    """
+    if x.dtype.kind not in "fc":
+        return x
+    bad = ~np.isfinite(x)
+    count = int(bad.sum())
+    if count:
+        row = int(np.flatnonzero(bad.reshape(len(x), -1).any(axis=1))[0]) if x.ndim else 0
+        extra = f"; {note}" if note else ""
+        raise ValueError(
+            f"{where}: {count} non-finite value(s) (NaN, Inf or beyond float32's range{extra}), the first in row "
+            f"{row}; fix or drop those rows"
+        )
+    return x
+
+
+def standardize(x: np.ndarray, fit_rows: np.ndarray | None = None) -> np.ndarray:
+    """Zero mean, unit variance per feature with the statistics of ``x[fit_rows]`` (default: all rows);
+    features constant on those rows are only centred."""
+    fit = (x if fit_rows is None else x[fit_rows]).astype(np.float64)
+    mean, std = fit.mean(axis=0), fit.std(axis=0)
     std[std == 0] = 1.0
-    return ((x - x.mean(axis=0)) / std).astype(np.float32)
+    return ((x.astype(np.float64) - mean) / std).astype(np.float32)
 
 
 def encode_labels(values: np.ndarray) -> tuple[np.ndarray, list[str]]:
@@ -103,5 +136,8 @@ def load_pool(dataset_cfg: ComponentConfig | dict) -> Pool:
     """Load a registered dataset from its config (or a ``{"name": ...}`` dict), subsampled if asked."""
     cfg = DATASETS.parse(dataset_cfg) if isinstance(dataset_cfg, dict) else dataset_cfg
     pool = DATASETS.get(cfg.name).obj(cfg)
+    # every loader, built-in or added later: no NaN/Inf reaches training
+    where = getattr(cfg, "path", None) or getattr(cfg, "data_dir", None) or f"dataset {cfg.name!r}"
+    require_finite(pool.x, str(where))
     max_samples = getattr(cfg, "max_samples", None)
     return pool if max_samples is None else stratified_subsample(pool, max_samples)

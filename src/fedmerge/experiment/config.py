@@ -7,6 +7,7 @@ with a one-line message naming the key path.
 
 from __future__ import annotations
 
+import re
 from functools import cache
 from pathlib import Path
 from typing import Any, Literal
@@ -15,11 +16,14 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from fedmerge.algorithms import ALGORITHMS
+from fedmerge.core.registry import Registry
 from fedmerge.data import DATASETS, PARTITIONERS, NoiseConfig, SplitConfig
 from fedmerge.models import MODELS
 
+from .results import CONFIG_FILE
+from .schema_docs import did_you_mean, keys_at
+
 DEFAULT_CONFIG: dict[str, Any] = {
-    "name": "fedavg-digits",
     "seed": 0,
     "rounds": 20,
     "dataset": {"name": "digits"},
@@ -27,6 +31,9 @@ DEFAULT_CONFIG: dict[str, Any] = {
     "model": {"name": "mlp"},
     "algorithm": {"name": "fedavg", "lr": 0.2, "local_epochs": 2, "batch_size": 32},
 }
+
+
+RUN_NAME = re.compile(r"^[A-Za-z0-9_.+-]+$")
 
 
 class ConfigError(ValueError):
@@ -52,18 +59,24 @@ class RunSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    name: str = Field("experiment", min_length=1, pattern=r"^[A-Za-z0-9_.+-]+$")
-    seed: int = Field(0, ge=0)
-    rounds: int = Field(20, ge=1)
+    name: str = Field(
+        "experiment",
+        min_length=1,
+        pattern=RUN_NAME.pattern,
+        description="run folder prefix; default ALGORITHM-DATASET (e.g. fedprox-npz)",
+    )
+    seed: int = Field(0, ge=0, description="seeds the partition, splits, noise, initialisation and training")
+    rounds: int = Field(20, ge=1, description="communication rounds")
     participation: float = Field(1.0, gt=0, le=1, description="fraction of clients sampled per round")
-    eval_every: int = Field(1, ge=1)
-    checkpoint_every: int = Field(1, ge=1)
-    keep_checkpoints: int = Field(2, ge=1)
-    engine: Literal["local", "flower"] = "local"
-    flower: FlowerSettings | None = None  # None: defaults; omitted from config.yaml so local runs are unchanged
-    device: str = Field("cpu", pattern=r"^(cpu|cuda(:\d+)?|mps|auto)$")
-    output_dir: str = "runs"
-    eval_batch_size: int = Field(1024, ge=1)
+    eval_every: int = Field(1, ge=1, description="evaluate every this many rounds (and always the last)")
+    checkpoint_every: int = Field(1, ge=1, description="checkpoint every this many rounds (and always the last)")
+    keep_checkpoints: int = Field(2, ge=1, description="checkpoint files kept in RUN_DIR/checkpoints")
+    engine: Literal["local", "flower"] = Field("local", description="local: in-process; flower: Flower (simulation)")
+    # None: defaults; omitted from config.yaml so local runs are unchanged
+    flower: FlowerSettings | None = Field(None, description="Flower settings (fedmerge list flower)")
+    device: str = Field("cpu", pattern=r"^(cpu|cuda(:\d+)?|mps|auto)$", description="cpu, cuda, cuda:N, mps or auto")
+    output_dir: str = Field("runs", description="where run folders are created")
+    eval_batch_size: int = Field(1024, ge=1, description="batch size of evaluation (memory only, not results)")
     threads: int | None = Field(
         None,
         ge=1,
@@ -140,7 +153,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return data
 
 
-_COMPONENT_SECTIONS = {
+COMPONENT_SECTIONS: dict[str, Registry] = {
     "algorithm": ALGORITHMS,
     "dataset": DATASETS,
     "partition": PARTITIONERS,
@@ -151,7 +164,7 @@ _COMPONENT_SECTIONS = {
 def _switch_component(section: str, node: dict[str, Any], new_name: Any) -> None:
     """On ``section.name=other``, keep only the fields the new component also accepts
     (e.g. lr and batch_size survive fedavg -> fedprox; alpha does not survive dirichlet -> iid)."""
-    registry = _COMPONENT_SECTIONS.get(section)
+    registry = COMPONENT_SECTIONS.get(section)
     if registry is None or not isinstance(new_name, str) or new_name not in registry:
         return  # validation reports the bad name
     accepted = registry.get(new_name).config.model_fields
@@ -174,8 +187,18 @@ def _data_dir_key(section: dict[str, Any]) -> list[str]:
 def read_yaml(path: Path) -> dict[str, Any]:
     if not path.exists():
         raise ConfigError(f"config file {path} does not exist")
+    if path.is_dir():
+        if (path / CONFIG_FILE).is_file():  # a run folder: the user most likely meant to continue it
+            raise ConfigError(f"{path} is a run folder, not a config; to continue it: fedmerge run --resume {path}")
+        raise ConfigError(f"{path} is a folder; expected a YAML config file")
+    if infer_dataset_name(str(path)) in ("npz", "csv") and path.suffix.lower() != ".txt":
+        raise ConfigError(f"{path} is a data file, not a config; to train on it: fedmerge run dataset.path={path}")
     try:
         data = yaml.safe_load(path.read_text()) or {}
+    except OSError as exc:
+        raise ConfigError(f"config file {path}: cannot read it ({exc.strerror})") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"config file {path}: not a text (YAML) file") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
@@ -204,10 +227,20 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 
 
 def validate(data: dict[str, Any]) -> BaseModel:
+    if data.get("name") is None:
+        data = {**data, "name": default_name(data)}
     try:
         return experiment_model().model_validate(data)
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc, data)) from None
+
+
+def default_name(data: dict[str, Any]) -> str:
+    """``ALGORITHM-DATASET`` of the resolved config: a run folder's name unless ``name`` is given."""
+    parts = [(data.get(section) or {}).get("name") for section in ("algorithm", "dataset")]
+    parts = [p for p in parts if isinstance(p, str) and p]
+    name = "-".join(parts) or "experiment"
+    return name if RUN_NAME.fullmatch(name) else "experiment"  # a bad component name is reported by validation
 
 
 def format_validation_error(exc: ValidationError, data: dict[str, Any]) -> str:
@@ -215,15 +248,38 @@ def format_validation_error(exc: ValidationError, data: dict[str, Any]) -> str:
     loc = _clean_loc(err["loc"], data)
     msg = err["msg"]
     if err["type"] == "extra_forbidden":
-        msg = "unknown key"
+        msg = "unknown key" + _nearest_keys(err["loc"])
     elif err["type"] == "union_tag_invalid":
         ctx = err.get("ctx", {})
-        msg = f"unknown name {ctx.get('tag')!r}; expected one of {ctx.get('expected_tags')}"
+        tag, expected = str(ctx.get("tag")), str(ctx.get("expected_tags", ""))
+        names = [n.strip(" '") for n in expected.split(",")]
+        close = did_you_mean(tag, names)
+        msg = f"unknown name {tag!r}" + (close or f"; expected one of {expected}")
         loc = loc + ".name"
     elif "input" in err and not isinstance(err["input"], dict | list):
         msg = f"{msg} (got {err['input']!r})"
     more = f" (+{len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
     return f"{loc}: {msg}{more}"
+
+
+def _nearest_keys(loc: tuple) -> str:
+    """'; did you mean num_models?', else which other component takes the key, else the valid keys."""
+    in_component = len(loc) >= 3 and loc[0] in COMPONENT_SECTIONS  # (section, component name, ..., key)
+    valid = [k for k in keys_at(experiment_model(), loc) or [] if not (in_component and k == "name")]
+    if not valid:
+        return ""
+    key = str(loc[-1])
+    close = did_you_mean(key, valid)
+    if close:
+        return close
+    if not in_component:
+        where = f"fedmerge list {loc[0]}" if len(loc) == 2 else "fedmerge list run"
+        return f"; valid keys: {', '.join(valid)} (described by: {where})"
+    section, name = str(loc[0]), str(loc[1])
+    owners = [e.name for e in COMPONENT_SECTIONS[section].entries() if key in e.config.model_fields]
+    if owners and len(loc) == 3:
+        return f" for {section} {name!r}; it belongs to {', '.join(owners[:4])} (fedmerge list {section} {owners[0]})"
+    return f"; valid keys: {', '.join(valid)} (described by: fedmerge list {section} {name})"
 
 
 def _clean_loc(loc: tuple, data: dict[str, Any]) -> str:
@@ -244,6 +300,18 @@ def _deep_copy(data: Any) -> Any:
     if isinstance(data, list):
         return [_deep_copy(v) for v in data]
     return data
+
+
+def config_warnings(cfg: BaseModel) -> list[str]:
+    """Valid but most likely unintended settings (one line each)."""
+    warnings = []
+    start = getattr(cfg.algorithm, "start_round", None)  # SuPerFed mixes from round start_round + 1
+    if cfg.algorithm.name.startswith("superfed") and isinstance(start, int) and cfg.rounds <= start:
+        warnings.append(
+            f"rounds={cfg.rounds} <= algorithm.start_round={start}: {cfg.algorithm.name} never starts mixing "
+            "(only the federated model trains); raise rounds or lower algorithm.start_round"
+        )
+    return warnings
 
 
 def to_yaml(cfg: BaseModel) -> str:

@@ -11,7 +11,8 @@ from .results import SUMMARY_FILE, RunStore
 
 
 def merge_weight_snapshots(run_dir: str | Path) -> list[tuple[int, np.ndarray]]:
-    """(round, m x d merge-weight matrix) for every evaluation round that logged one."""
+    """(round, m x d merge-weight matrix) for every round that logged one (every round since they are
+    logged each round; older runs have them at evaluation rounds only)."""
     rows = RunStore(run_dir).read_metrics()
     return [
         (int(r["round"]), np.asarray(r["server"]["merge_weights"], dtype=float))

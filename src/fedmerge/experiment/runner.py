@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,17 +15,25 @@ import torch
 from pydantic import BaseModel
 
 from fedmerge.algorithms import ALGORITHMS, Algorithm
-from fedmerge.core.checkpoint import load_checkpoint, save_checkpoint
+from fedmerge.core.checkpoint import (
+    LATEST,
+    Checkpoint,
+    CheckpointError,
+    load_checkpoint,
+    newest_checkpoint_file,
+    parse_checkpoint,
+    save_checkpoint,
+)
 from fedmerge.core.loop import Engine, Schedule, run_rounds
 from fedmerge.core.types import ServerState
 from fedmerge.data import DataUnavailable, FederatedDataset, build_federated_dataset
 from fedmerge.engines.local import LocalEngine
 from fedmerge.models import build_model, count_parameters
 
-from .config import ConfigError, FlowerSettings, load_config, to_yaml
+from .config import ConfigError, FlowerSettings, config_warnings, load_config, to_yaml
 from .progress import RoundProgress
 from .provenance import record_segment
-from .results import RunStore, new_run_dir
+from .results import CHECKPOINT_DIR, CONFIG_FILE, RunStore, new_run_dir
 from .summary import TIMING_KEYS, build_summary, summarize_eval, summary_markdown
 
 RESUME_OVERRIDABLE = {"rounds", "device", "eval_batch_size"}
@@ -56,6 +65,53 @@ def load_data(cfg: BaseModel) -> FederatedDataset:
         raise ConfigError(str(exc).splitlines()[0]) from None
 
 
+def describe_inputs(x: torch.Tensor) -> str:
+    shape = tuple(x.shape[1:])
+    kind = "token ids" if not x.is_floating_point() else "images" if len(shape) == 3 else "features"
+    return f"{kind} of shape {shape}, {str(x.dtype).removeprefix('torch.')}"
+
+
+def check_compatibility(
+    cfg: BaseModel, sample: torch.Tensor, num_classes: int, device: torch.device
+) -> torch.nn.Module:
+    """Build the model for inputs like ``sample`` (a batch) and run it on them, so that a model that
+    cannot read the dataset's inputs (e.g. ``mlp`` on token ids) is refused in one line before
+    anything is written. Returns the model (the engine's reusable instance)."""
+    where = f"model {cfg.model.name!r} does not fit dataset {cfg.dataset.name!r} ({describe_inputs(sample)})"
+    hint = "; token data needs model.name=minilm_lora or lstm" if not sample.is_floating_point() else ""
+    try:
+        model = build_model(cfg.model, tuple(sample.shape[1:]), num_classes, torch.Generator().manual_seed(0))
+        model = model.to(device)
+    except (ValueError, TypeError, RuntimeError) as exc:  # includes a missing optional dependency (LoRA)
+        raise ConfigError(f"{where}: {_first_line(exc)}{hint}") from None
+    was_training = model.training
+    try:
+        # eval mode + forked RNG: the probe changes no weight, buffer or random stream of the run
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.no_grad():
+            model.eval()
+            logits = model(sample.to(device))
+    except (ValueError, TypeError, RuntimeError, IndexError) as exc:
+        raise ConfigError(f"{where}: {_first_line(exc)}{hint}") from None
+    finally:
+        model.train(was_training)
+    if tuple(logits.shape) != (len(sample), num_classes):
+        raise ConfigError(f"{where}: it returns shape {tuple(logits.shape)}, expected (N, {num_classes})")
+    return model
+
+
+def _latest_names(folder: Path, file: str) -> bool:
+    """Whether ``latest.json`` (when readable) points at ``file``: then its checksum can be verified."""
+    try:
+        return json.loads((folder / LATEST).read_text()).get("file") == Path(file).name
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 def config_digest(cfg: BaseModel) -> str:
     # Engine tuning (``flower``: timeouts, retries) does not change the numbers a run produces.
     fixed = cfg.model_dump(mode="json", exclude=RESUME_OVERRIDABLE | {"flower"})
@@ -70,28 +126,86 @@ def run_experiment(
     show_progress: bool = True,
     stop_after: int | None = None,
     grid: Any = None,
+    checkpoint: str | None = None,
+    notify: Notify | None = None,
 ) -> RunResult:
     """Run (or resume) ``cfg``. ``stop_after`` ends after that round, as a crash would (tests).
 
     ``grid``: a Flower Grid, when called by the deployed ServerApp (``engine: flower``).
+    ``checkpoint``: resume from this file of ``RUN_DIR/checkpoints`` instead of the one ``latest.json``
+    names. ``notify``: receives one-line notices (warnings, "resuming from round N of M").
     """
+    notify = notify or (lambda message: None)
     if cfg.engine == "flower":
         _require_flower(simulation=grid is None)
+    for warning in config_warnings(cfg):
+        notify(f"warning: {warning}")
+    ckpt = None
+    if resume:
+        if run_dir is None:
+            raise ValueError("resume=True needs the run folder")
+        ckpt = resume_checkpoint(Path(run_dir), cfg, checkpoint)
     device = resolve_device(cfg.device)
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
+    # Everything that can be refused is checked before the run folder exists; token datasets declare
+    # their input shape, so a model that cannot read tokens is refused before the (slow) tokenization.
+    tokens = cfg.dataset.token_length()
+    if tokens is not None:
+        check_compatibility(cfg, torch.ones(2, tokens, dtype=torch.int64), 2, device)
     data = load_data(cfg).to(device)
-    store = RunStore(run_dir if run_dir is not None else new_run_dir(cfg.output_dir, cfg.name))
+    sample = next(c.x_train[:2] for c in data.clients if c.n_train)
+    model = check_compatibility(cfg, sample, data.num_classes, device)
 
     def model_factory(generator: torch.Generator) -> torch.nn.Module:
         return build_model(cfg.model, data.input_shape, data.num_classes, generator=generator)
 
     entry = ALGORITHMS.get(cfg.algorithm.name)
-    algorithm = entry.obj(cfg.algorithm, model_factory, len(data.clients), cfg.seed)
-    model = model_factory(torch.Generator().manual_seed(0))
+    try:
+        algorithm = entry.obj(cfg.algorithm, model_factory, len(data.clients), cfg.seed)
+    except ValueError as exc:  # settings that conflict with the model or the data (e.g. fedlora without LoRA)
+        raise ConfigError(f"algorithm {cfg.algorithm.name!r}: {str(exc).splitlines()[0]}") from None
+    store = RunStore(run_dir if run_dir is not None else new_run_dir(cfg.output_dir, cfg.name))
     with _open_engine(cfg, data, model, device, grid) as engine:
         groups = [c.group for c in data.clients]
-        return _run(cfg, store, algorithm, model, engine, device, groups, resume, show_progress, stop_after)
+        segment = _Segment(resume, ckpt, show_progress, stop_after, notify)
+        return _run(cfg, store, algorithm, model, engine, device, groups, segment)
+
+
+Notify = Callable[[str], None]
+
+
+@dataclass
+class _Segment:
+    """How this process's part of a run starts and ends."""
+
+    resume: bool
+    checkpoint: Checkpoint | None
+    show_progress: bool
+    stop_after: int | None
+    notify: Notify
+
+
+def resume_checkpoint(run_dir: Path, cfg: BaseModel, file: str | None = None) -> Checkpoint | None:
+    """The checkpoint to continue from: ``file`` if given, else the one ``latest.json`` names
+    (checksum verified). None when the run stopped before its first checkpoint. A folder whose
+    ``latest.json`` is gone while round files remain is refused: restarting would discard them."""
+    folder = run_dir / CHECKPOINT_DIR
+    if file is not None and not _latest_names(folder, file):
+        ckpt = parse_checkpoint(Path(file) if Path(file).is_file() else folder / Path(file).name)
+    elif (folder / LATEST).exists():
+        ckpt = load_checkpoint(folder)  # checksum verified
+    else:
+        newest = newest_checkpoint_file(folder)
+        if newest is None:
+            return None
+        raise CheckpointError(
+            f"{folder / LATEST} is missing but checkpoints remain (newest: {newest.name}); to continue from it: "
+            f"fedmerge run --resume {run_dir} --checkpoint {newest.name}"
+        )
+    if ckpt.meta.get("config_digest") != config_digest(cfg):
+        raise ConfigError(f"{run_dir}: config.yaml no longer matches the checkpoint; refusing to resume")
+    return ckpt
 
 
 def _run(
@@ -102,32 +216,33 @@ def _run(
     engine: Engine,
     device: torch.device,
     groups: list[int | None],
-    resume: bool,
-    show_progress: bool,
-    stop_after: int | None,
+    segment: _Segment,
 ) -> RunResult:
     num_clients = len(groups)
     schedule = Schedule(cfg.rounds, num_clients, cfg.participation, cfg.eval_every, cfg.seed)
 
     start_round = 0
-    if resume:
-        ckpt = load_checkpoint(store.checkpoint_dir) if (store.checkpoint_dir / "latest.json").exists() else None
+    earlier_seconds = 0.0  # wall time of the earlier segments of a resumed run
+    ckpt = segment.checkpoint
+    if segment.resume:
+        # elapsed_seconds is cumulative, so the last row written (kept or about to be replayed) holds
+        # the time every earlier segment ran
+        earlier_seconds = max((r.get("elapsed_seconds", 0.0) for r in store.read_metrics()), default=0.0)
         if ckpt is not None:
-            if ckpt.meta.get("config_digest") != config_digest(cfg):
-                raise ConfigError(f"{store.dir}: config.yaml no longer matches the checkpoint; refusing to resume")
             state = ckpt.server_state.to(device)
             engine.load_client_states(ckpt.client_states)
             start_round = ckpt.round
         else:
             state = algorithm.init_server_state().to(device)
         store.truncate_metrics(start_round)
+        segment.notify(f"resuming from round {start_round} of {cfg.rounds}")
     else:
         store.write_config(to_yaml(cfg))
         state = algorithm.init_server_state().to(device)
 
-    record_segment(store.dir, start_round, resume)
+    record_segment(store.dir, start_round, segment.resume)
     digest = config_digest(cfg)
-    t_start = time.perf_counter()
+    t_start = time.perf_counter() - earlier_seconds
 
     def checkpoint(rnd: int, server_state: ServerState) -> None:
         save_checkpoint(
@@ -139,12 +254,16 @@ def _run(
             keep=cfg.keep_checkpoints,
         )
 
+    show_progress, stop_after = segment.show_progress, segment.stop_after
     with RoundProgress(cfg.rounds, start_round, len(schedule.sample(1)), enabled=show_progress) as progress:
         engine.on_client_done = progress.client_done
 
         def on_round_end(rnd: int, server_state: ServerState, record: dict[str, Any]) -> None:
+            # clients dropped from this round: by the engine (Flower: no reply) or by the round loop
+            # (an update that is not finite or not shaped like the others); absent when none
             failures = engine.pop_failures() if hasattr(engine, "pop_failures") else []
-            if failures:  # clients dropped from this round (Flower engine); absent when none
+            failures += record.pop("failed_clients", [])
+            if failures:
                 record["failed_clients"] = failures
             if "eval" in record:
                 record["summary"] = summarize_eval(record["eval"]["clients"])
@@ -261,13 +380,17 @@ def run_from_files(
     overrides: list[str],
     *,
     resume_dir: str | None = None,
+    checkpoint: str | None = None,
     show_progress: bool = True,
     grid: Any = None,
+    notify: Notify | None = None,
 ) -> RunResult:
+    if checkpoint is not None and resume_dir is None:
+        raise ConfigError("--checkpoint only applies with --resume RUN_DIR")
     if resume_dir is not None:
+        if not (Path(resume_dir) / CONFIG_FILE).is_file():
+            raise ConfigError(f"--resume {resume_dir}: no {CONFIG_FILE} there; is it a run folder?")
         store = RunStore(resume_dir)
-        if not store.read_config_path().exists():
-            raise ConfigError(f"--resume {resume_dir}: no {store.read_config_path().name} there; is it a run folder?")
         bad = [o for o in overrides if o.partition("=")[0] not in RESUME_OVERRIDABLE]
         if bad or config_path is not None:
             raise ConfigError(
@@ -275,9 +398,11 @@ def run_from_files(
                 f"only {sorted(RESUME_OVERRIDABLE)} may be overridden"
             )
         cfg = load_config(store.read_config_path(), overrides)
-        return run_experiment(cfg, store.dir, resume=True, show_progress=show_progress, grid=grid)
+        return run_experiment(
+            cfg, store.dir, resume=True, show_progress=show_progress, grid=grid, checkpoint=checkpoint, notify=notify
+        )
     cfg = load_config(config_path, overrides)
-    return run_experiment(cfg, show_progress=show_progress, grid=grid)
+    return run_experiment(cfg, show_progress=show_progress, grid=grid, notify=notify)
 
 
 __all__ = ["RunResult", "run_experiment", "run_from_files", "TIMING_KEYS"]

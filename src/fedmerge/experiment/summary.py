@@ -108,7 +108,7 @@ def local_gap_summary(rows: list[dict[str, Any]]) -> dict[str, float]:
 
 def cluster_recovery(rows: list[dict[str, Any]], groups: list[int | None]) -> dict[str, Any]:
     """Adjusted Rand index between each client's argmax merge weight and its true group, at the
-    last evaluated round that logged merge weights (``server.merge_weights``)."""
+    last round that logged merge weights (``server.merge_weights``)."""
     if any(g is None for g in groups):
         return {}
     from sklearn.metrics import adjusted_rand_score

@@ -37,6 +37,9 @@ class TextDatasetConfig(DatasetConfig):
         None, description="local Hugging Face model folder whose tokenizer to use; default: all-MiniLM-L6-v2"
     )
 
+    def token_length(self) -> int | None:
+        return self.max_tokens
+
 
 def tokenize(texts: list[str], tokenizer_path: str | None, max_tokens: int) -> np.ndarray:
     """(N, max_tokens) int64 token ids, right-padded with the tokenizer's pad id."""

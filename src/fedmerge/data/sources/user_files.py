@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import csv
+import zipfile
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import Field
 
 from fedmerge.data.errors import DataUnavailable
-from fedmerge.data.pool import DATASETS, DatasetConfig, Pool, encode_labels, standardize
+from fedmerge.data.pool import DATASETS, DatasetConfig, Pool, encode_labels, require_finite, to_float32
 from fedmerge.data.sources.images import to_unit_float
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
@@ -28,7 +29,17 @@ def encode_ids(values: np.ndarray) -> np.ndarray:
     return encode_labels(values)[0]
 
 
-class NpzConfig(DatasetConfig):
+class TabularOptions(DatasetConfig):
+    """Options of the loaders that can yield tabular (N x F) features."""
+
+    standardize: bool = Field(
+        True,
+        description="tabular x: zero mean, unit variance per feature, with statistics of the training samples "
+        "only; images and tokens are never standardized",
+    )
+
+
+class NpzConfig(TabularOptions):
     name: Literal["npz"] = "npz"
     path: str = Field(description="a .npz file with arrays x, y and optionally client_id")
 
@@ -36,19 +47,30 @@ class NpzConfig(DatasetConfig):
 @DATASETS.register("npz", config=NpzConfig, description="your .npz with x, y (and client_id for natural clients)")
 def load_npz(cfg: NpzConfig) -> Pool:
     path = require_file(cfg.path, "npz file")
-    with np.load(path, allow_pickle=False) as f:
-        missing = {"x", "y"} - set(f.files)
-        if missing:
-            raise ValueError(f"{path}: missing array(s) {sorted(missing)}; found {sorted(f.files)}")
-        x, y = f["x"], f["y"]
-        client_id = f["client_id"] if "client_id" in f.files else None
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            missing = {"x", "y"} - set(f.files)
+            if missing:
+                raise ValueError(f"{path}: missing array(s) {sorted(missing)}; found {sorted(f.files)}")
+            x, y = f["x"], f["y"]
+            client_id = f["client_id"] if "client_id" in f.files else None
+    except (OSError, zipfile.BadZipFile, EOFError) as exc:
+        raise ValueError(f"{path}: not a readable .npz file ({str(exc).splitlines()[0]})") from None
+    except ValueError as exc:
+        if str(exc).startswith(str(path)):
+            raise
+        raise ValueError(f"{path}: not a readable .npz file ({str(exc).splitlines()[0]})") from None
     if y.ndim != 1 or len(y) != len(x):
         raise ValueError(f"{path}: y must be 1-D with one label per row of x; got x {x.shape}, y {y.shape}")
+    if x.dtype.kind not in "biuf":
+        raise ValueError(f"{path}: x must be numeric, got dtype {x.dtype}")
+    if y.dtype.kind == "f":
+        require_finite(y, f"{path}: y")
     if x.ndim == 2:
-        x = standardize(x)
+        x = require_finite(to_float32(x), f"{path}: x")
     elif x.ndim in (3, 4):
         # (N, H, W) gains a channel axis; 4-D arrays must already be N x C x H x W.
-        x = to_unit_float(x if x.ndim == 4 else x[:, None])
+        x = require_finite(to_unit_float(x if x.ndim == 4 else x[:, None]), f"{path}: x")
     else:
         raise ValueError(f"{path}: x must be 2-D (tabular) or 3/4-D (images), got shape {x.shape}")
     labels, class_names = encode_labels(y)
@@ -57,14 +79,24 @@ def load_npz(cfg: NpzConfig) -> Pool:
         if client_id.shape != y.shape:
             raise ValueError(f"{path}: client_id must have shape {y.shape}, got {client_id.shape}")
         natural_id = encode_ids(client_id)
-    return Pool(x, labels, len(class_names), Path(path).stem, natural_id=natural_id, class_names=class_names)
+    return Pool(
+        x, labels, len(class_names), Path(path).stem, natural_id=natural_id, class_names=class_names,
+        standardize=cfg.standardize and x.ndim == 2,
+    )  # fmt: skip
 
 
-class CsvConfig(DatasetConfig):
+class CsvConfig(TabularOptions):
     name: Literal["csv"] = "csv"
-    path: str = Field(description="a CSV file with a header row")
-    label_column: str = "label"
-    client_column: str | None = Field(None, description="column of client ids, for natural partitions")
+    path: str = Field(description="a CSV file: numeric feature columns and a label column")
+    header: bool | None = Field(
+        None,
+        description="true: the first row names the columns; false: it is data and the columns are named "
+        "col0..colK; default: a header, refused when its names are all numbers (then it is most likely data)",
+    )
+    label_column: str | int = Field("label", description="the label column's name, or its index (0-based, -1 last)")
+    client_column: str | int | None = Field(
+        None, description="column of client ids (name or index), for natural partitions"
+    )
     delimiter: str = Field(",", min_length=1, max_length=1)
 
 
@@ -81,39 +113,114 @@ def sorted_codes(values: list[str]) -> tuple[np.ndarray, list[str]]:
     return codes, [names[c] for c in range(len(names))]
 
 
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def csv_columns(path: Path, cfg: CsvConfig) -> list[str]:
+    """Column names from the first row (or col0..colK when ``header`` is false), refusing duplicate
+    names and a first row that looks like data."""
+    with open(path, newline="") as f:
+        first = next(csv.reader(f, delimiter=cfg.delimiter), None)
+    if not first:
+        raise ValueError(f"{path}: empty file")
+    if cfg.header is False:
+        return [f"col{i}" for i in range(len(first))]
+    names = [h.strip() for h in first]
+    no_header = (
+        "if the file has no header row, set dataset.header=false (columns are then col0..colK; name the label "
+        f"by index, e.g. dataset.label_column={len(names) - 1} for the last column)"
+    )
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise ValueError(f"{path}: duplicate column names {repeated[:5]} in the first row; rename them, or {no_header}")
+    if cfg.header is None:
+        named = [c for c in (cfg.label_column, cfg.client_column) if c is not None]
+        special = {names[c] if isinstance(c, int) and -len(names) <= c < len(names) else c for c in named}
+        features = [n for n in names if n not in special]
+        if features and all(_is_number(n) for n in features):
+            raise ValueError(
+                f"{path}: the first row looks like data, not a header (its feature names {features[:3]} are "
+                f"numbers); {no_header}; if those numbers are the column names, set dataset.header=true"
+            )
+    return names
+
+
+def _column_name(names: list[str], column: str | int, path: Path, role: str) -> str:
+    if isinstance(column, int):
+        if not -len(names) <= column < len(names):
+            raise ValueError(f"{path}: {role} column index {column} is out of range ({len(names)} columns)")
+        return names[column]
+    if column not in names:
+        shown = names if len(names) <= 12 else [*names[:10], "...", names[-1]]
+        raise ValueError(f"{path}: no column {column!r} (dataset.{role}_column); have {shown}")
+    return column
+
+
+def _client_name(names: list[str], cfg: CsvConfig, path: Path) -> list[str]:
+    return [] if cfg.client_column is None else [_column_name(names, cfg.client_column, path, "client")]
+
+
 @DATASETS.register("csv", config=CsvConfig, description="your CSV table: numeric features and a label column")
 def load_csv(cfg: CsvConfig) -> Pool:
+    import pandas as pd
+
     path = require_file(cfg.path, "CSV file")
-    with open(path, newline="") as f:
-        rows = list(csv.reader(f, delimiter=cfg.delimiter))
-    if len(rows) < 2:
-        raise ValueError(f"{path}: needs a header row and at least one data row")
-    header, body = [h.strip() for h in rows[0]], rows[1:]
-    for column in (cfg.label_column, cfg.client_column):
-        if column is not None and column not in header:
-            raise ValueError(f"{path}: no column {column!r} (dataset.label_column/client_column); have {header}")
-    for line, row in enumerate(body, start=2):
-        if len(row) != len(header):
-            raise ValueError(f"{path}, line {line}: {len(row)} fields, header has {len(header)}")
-    columns = {name: [row[i].strip() for row in body] for i, name in enumerate(header)}
-    features = [h for h in header if h not in (cfg.label_column, cfg.client_column)]
+    names = csv_columns(path, cfg)
+    label = _column_name(names, cfg.label_column, path, "label")
+    client = _client_name(names, cfg, path)
+    if client == [label]:
+        raise ValueError(f"{path}: the label and client columns are the same column ({label!r})")
+    features = [n for n in names if n != label and n not in client]
     if not features:
         raise ValueError(f"{path}: no feature columns besides the label/client columns")
-    x = np.empty((len(body), len(features)), dtype=np.float64)
-    for j, name in enumerate(features):
-        for i, value in enumerate(columns[name]):
-            try:
-                x[i, j] = float(value)
-            except ValueError:
-                raise ValueError(
-                    f"{path}: feature column {name!r} is not numeric (line {i + 2}: {value!r}); "
-                    "encode it as numbers or drop it"
-                ) from None
-    if not np.isfinite(x).all():
-        raise ValueError(f"{path}: feature values must be finite (found nan/inf)")
-    labels, class_names = sorted_codes(columns[cfg.label_column])
-    natural_id = sorted_codes(columns[cfg.client_column])[0] if cfg.client_column else None
-    return Pool(standardize(x), labels, len(class_names), path.stem, natural_id=natural_id, class_names=class_names)
+    text_columns = {names.index(n): str for n in [label, *client]}
+    try:  # the C parser reads every column in one vectorised pass
+        table = pd.read_csv(
+            path, sep=cfg.delimiter, header=None, skiprows=0 if cfg.header is False else 1, names=range(len(names)),
+            dtype=text_columns, keep_default_na=False, na_values=["", "NA", "NaN", "nan", "null"],
+            skipinitialspace=True, engine="c", low_memory=False,
+        )  # fmt: skip
+    except (pd.errors.ParserError, ValueError) as exc:
+        raise ValueError(f"{path}: cannot parse it as CSV ({str(exc).strip().splitlines()[-1]})") from None
+    if table.empty:
+        raise ValueError(f"{path}: needs at least one data row")
+    feature_idx = [names.index(n) for n in features]
+    x = _numeric_features(table, feature_idx, names, path)
+    x = require_finite(x, f"{path}: features", "empty fields count too")
+    labels, class_names = sorted_codes(_text_column(table, names.index(label), label, path))
+    natural_id = sorted_codes(_text_column(table, names.index(client[0]), client[0], path))[0] if client else None
+    return Pool(
+        x, labels, len(class_names), path.stem, natural_id=natural_id, class_names=class_names,
+        standardize=cfg.standardize,
+    )  # fmt: skip
+
+
+def _numeric_features(table: Any, idx: list[int], names: list[str], path: Path) -> np.ndarray:
+    import pandas as pd
+
+    for i in idx:
+        column = table[i]
+        if not pd.api.types.is_numeric_dtype(column):
+            as_number = pd.to_numeric(column, errors="coerce")
+            row = int(np.flatnonzero(as_number.isna() & column.notna())[0])
+            raise ValueError(
+                f"{path}: feature column {names[i]!r} is not numeric (data row {row + 1}: {column.iloc[row]!r}); "
+                "encode it as numbers or drop it"
+            )
+    return to_float32(table[idx].to_numpy())
+
+
+def _text_column(table: Any, i: int, name: str, path: Path) -> list[str]:
+    values = table[i].fillna("").str.strip()
+    empty = int((values == "").sum())
+    if empty:
+        raise ValueError(f"{path}: column {name!r} has {empty} empty value(s)")
+    return values.tolist()
 
 
 class ImageFolderConfig(DatasetConfig):

@@ -1,0 +1,87 @@
+"""The repository stands alone (no references outside it), the README lists what exists, pyproject
+accepts other torch builds, and CI fails on a missing dataset and reports skipped tests."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+
+from fedmerge.algorithms import ALGORITHMS
+from fedmerge.data import DATASETS, PARTITIONERS
+
+ROOT = Path(__file__).resolve().parent.parent
+TEXT_SUFFIXES = {".py", ".md", ".yaml", ".yml", ".toml", ".txt", ".cfg", ""}
+
+
+def repo_text_files() -> list[Path]:
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    files = [ROOT / f for f in tracked.splitlines()] or list(ROOT.rglob("*"))
+    return [f for f in files if f.is_file() and f.suffix in TEXT_SUFFIXES]
+
+
+def test_nothing_points_outside_the_repository():
+    outside = re.compile(r"\.\./shared|(?<![\w-])shared/[\w.-]+\.md|/work/")
+    hits = [
+        f"{f.relative_to(ROOT)}:{i}"
+        for f in repo_text_files()
+        if f.name != "test_packaging.py"
+        for i, line in enumerate(f.read_text(errors="replace").splitlines(), start=1)
+        if outside.search(line)
+    ]
+    assert hits == []
+
+
+def test_readme_links_resolve_and_architecture_doc_exists():
+    readme = (ROOT / "README.md").read_text()
+    for target in re.findall(r"\]\(([^)#]+)\)", readme):
+        if not target.startswith("http"):
+            assert (ROOT / target).exists(), target
+    assert "docs/architecture.md" in readme and (ROOT / "docs" / "architecture.md").stat().st_size > 2000
+
+
+def test_readme_lists_every_dataset_algorithm_and_partitioner():
+    readme = (ROOT / "README.md").read_text()
+    for registry in (DATASETS, ALGORITHMS, PARTITIONERS):
+        shipped = [e for e in registry.entries() if e.config.__module__.startswith("fedmerge.")]  # not tests'
+        missing = [e.name for e in shipped if f"`{e.name}`" not in readme]
+        assert missing == [], registry.kind
+    for option in ("header", "label_column", "client_column", "delimiter", "standardize"):
+        assert option in readme, option
+
+
+def test_torch_is_a_compatible_range_not_a_pin():
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    (torch,) = [Requirement(d) for d in deps if Requirement(d).name == "torch"]
+    assert not any(s.operator == "==" for s in torch.specifier)
+    assert all(v in torch.specifier for v in ("2.3.0", "2.13.0", "2.13.1")) and "3.0.0" not in torch.specifier
+    assert "pip install torch==2.13.0 && pip install -e" in (ROOT / "README.md").read_text()  # CPU build first
+
+
+def ci_tail(fake_pytest: str) -> subprocess.CompletedProcess:
+    """Run .ci/run's test step with pytest replaced by ``fake_pytest`` (a shell command)."""
+    script = (ROOT / ".ci" / "run").read_text()
+    tail = script[script.index("log=$(mktemp)") :].replace("python -m pytest -rs", fake_pytest)
+    return subprocess.run(["bash", "-c", "set -euo pipefail\n" + tail], capture_output=True, text=True)
+
+
+def test_ci_reports_skipped_tests_last_and_keeps_pytests_exit_status():
+    skipped = ci_tail("{ echo 'SKIPPED [2] tests/x.py: absent'; echo '=== 5 passed, 2 skipped in 1.0s ==='; }")
+    assert skipped.returncode == 0
+    assert skipped.stdout.strip().splitlines()[-1].startswith("CI: 2 test(s) SKIPPED")
+    failed = ci_tail("{ echo '=== 1 failed, 4 passed, 1 skipped in 1.0s ==='; exit 1; }")
+    assert failed.returncode == 1 and "1 test(s) SKIPPED" in failed.stdout
+    clean = ci_tail("{ echo '=== 5 passed in 1.0s ==='; }")
+    assert clean.returncode == 0 and "SKIPPED" not in clean.stdout
+
+
+def test_ci_fails_loudly_when_a_dataset_cannot_be_installed():
+    script = (ROOT / ".ci" / "run").read_text()
+    assert "will be skipped" not in script
+    assert script.count("|| die") >= 3 and "die()" in script
+    for path in ("FASHION", "WORDNET", "DIGITS_PNG"):
+        assert f'[ -f "${path}" ] || die' in script or f'if [ ! -f "${path}" ]' in script
