@@ -37,7 +37,7 @@ from typing import Any
 import yaml
 
 from fedmerge.experiment.config import load_config
-from fedmerge.experiment.provenance import read_provenance
+from fedmerge.experiment.provenance import read_provenance, source_commit
 from fedmerge.experiment.regime import FEDAVG_GAP, LOCAL_GAP, central_reference, regime_check
 from fedmerge.experiment.runner import load_data
 
@@ -145,6 +145,14 @@ def run_seeds(study: dict[str, Any], runs: Path, chosen: dict[str, int], workers
     run_all(jobs, study, runs, workers)
 
 
+def local_lrs(study: dict[str, Any]) -> list[float] | None:
+    """The reference is tuned over the Local row's learning-rate grid (the same budget)."""
+    for m in study["methods"]:
+        if m["label"] == study.get("local_row", "Local"):
+            return (m.get("grid") or {}).get("algorithm.lr")
+    return None
+
+
 def regime(study: dict[str, Any], runs: Path) -> dict[int, dict[str, Any]]:
     out = {}
     opts = study.get("regime", {})
@@ -159,9 +167,11 @@ def regime(study: dict[str, Any], runs: Path) -> dict[int, dict[str, Any]]:
                 seed,
                 scope=opts.get("scope", "auto"),
                 max_epochs=opts.get("max_epochs", 40),
+                lrs=opts.get("lrs", local_lrs(study)),
             )
             runs.mkdir(parents=True, exist_ok=True)
-            file.write_text(json.dumps({**ref.to_json(), "lr": cfg.algorithm.lr}))
+            commit, dirty = source_commit()
+            file.write_text(json.dumps({**ref.to_json(), "commit": commit, "dirty": dirty}))
         out[seed] = json.loads(file.read_text())
     return out
 
@@ -225,8 +235,8 @@ def report(study: dict[str, Any], runs: Path, chosen: dict[str, int], ref: dict[
         f"Bars: Local at least {LOCAL_GAP:.0f} points and FedAvg at least {FEDAVG_GAP:.0f} points below a central "
         "reference (one model trained centrally on the pooled training data of each ground-truth group, or of all "
         "clients for label-skew settings; epochs chosen on the pooled validation split), all evaluated on each "
-        "client's own test split (mean over clients). Local and FedAvg are the tuned rows below, best-validation "
-        "round.",
+        "client's own test split (mean over clients). The reference's learning rate is chosen per group from the "
+        "Local row's grid by validation loss. Local and FedAvg are the tuned rows below, best-validation round.",
         "",
         "The column *with client prior* is the same central model with each client's training-label frequencies "
         "added to its log-probabilities: what a model that knows the client's label distribution reaches. It is "

@@ -107,3 +107,12 @@ def test_client_prior_reference_uses_the_clients_label_frequencies():
     skewed.y_test = torch.zeros_like(skewed.y_test)
     ref = central_reference(data, {"name": "mlp", "hidden": []}, LocalTraining(lr=0.5), 0, scope="all", max_epochs=3)
     assert ref.client_acc_prior[0] == 1.0 and ref.client_acc[0] < 1.0
+
+
+def test_central_reference_tunes_its_learning_rate_on_validation():
+    data = contradicting_groups()
+    model = {"name": "mlp", "hidden": []}
+    slow = central_reference(data, model, LocalTraining(lr=1e-4), 0, max_epochs=5)
+    tuned = central_reference(data, model, LocalTraining(lr=1e-4), 0, max_epochs=5, lrs=[1e-4, 0.5])
+    assert tuned.lrs == [0.5, 0.5] and slow.lrs == [1e-4, 1e-4]
+    assert tuned.mean > 0.9 > slow.mean
