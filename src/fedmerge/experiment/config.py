@@ -246,7 +246,7 @@ def default_name(data: dict[str, Any]) -> str:
 def format_validation_error(exc: ValidationError, data: dict[str, Any]) -> str:
     err = exc.errors()[0]
     loc = _clean_loc(err["loc"], data)
-    msg = err["msg"]
+    msg = err["msg"].removeprefix("Value error, ")  # pydantic's prefix for a validator's ValueError
     if err["type"] == "extra_forbidden":
         msg = "unknown key" + _nearest_keys(err["loc"])
     elif err["type"] == "union_tag_invalid":
