@@ -46,6 +46,9 @@ from fedmerge.experiment.runner import load_data
 
 def load_study(path: Path) -> dict[str, Any]:
     study = yaml.safe_load(path.read_text())
+    slugs = [slug(m["label"]) for m in study["methods"]]
+    if len(set(slugs)) < len(slugs):  # rows would share run folders
+        raise SystemExit(f"{path}: row labels {[m['label'] for m in study['methods']]} collide as folder names")
     sizes = {m["label"]: len(grid_points(m)) for m in study["methods"]}
     if len(set(sizes.values())) > 1:
         raise SystemExit(f"{path}: unequal tuning budgets {sizes}; give every method the same number of grid points")
@@ -59,7 +62,7 @@ def grid_points(method: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def slug(text: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+    return re.sub(r"[^a-z0-9]+", "-", text.lower().replace("+", " plus ")).strip("-")
 
 
 def run_key(label: str, point: int, seed: int) -> str:
