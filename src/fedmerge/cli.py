@@ -64,6 +64,8 @@ def run(
     data_dir: str | None = typer.Option(None, "--data-dir", help="folder holding the dataset files"),
     out_dir: str | None = typer.Option(None, "--output-dir", help="where run folders are created"),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="live progress display"),
+    run_dir: Path | None = typer.Option(None, "--run-dir", help="create the run in exactly this folder"),
+    tuned: Path | None = typer.Option(None, "--tuned", help="apply this fedmerge tune file's values"),
 ) -> None:
     """Run an experiment (the built-in FedAvg on UCI digits when no config is given)."""
     from fedmerge.core.checkpoint import CheckpointError
@@ -85,6 +87,8 @@ def run(
             checkpoint=checkpoint,
             show_progress=progress,
             notify=_notice,
+            run_dir=str(run_dir) if run_dir else None,
+            tuned=str(tuned) if tuned else None,
         )
     except _user_errors() as exc:
         _fail(str(exc), 2)
@@ -136,6 +140,74 @@ def print_summary(summary: dict[str, Any]) -> None:
     recovery = summary.get("cluster_recovery")
     if recovery:
         out.print(f"cluster recovery (ARI, argmax merge weight vs true group): {recovery['ari']:.4f}")
+
+
+SWEEP_ARGS = typer.Argument(
+    None,
+    metavar="[SWEEP.yaml | CONFIG] KEY=VALUE | KEY=[V1,V2]...",
+    help="a sweep file or a config, then overrides; a list value is a grid axis (seed=[0,1,2])",
+)
+
+
+@app.command()
+def sweep(
+    args: list[str] = SWEEP_ARGS,
+    jobs: int = typer.Option(1, "--jobs", "-j", min=1, help="runs at a time, each in its own process"),
+    out_dir: Path | None = typer.Option(None, "--out", help="sweep folder (default OUTPUT_DIR/sweeps/NAME)"),
+    resume: Path | None = typer.Option(None, "--resume", help="continue the sweep in this folder"),
+    tuned: Path | None = typer.Option(None, "--tuned", help="apply this fedmerge tune file's values per algorithm"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="list the runs and stop"),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="live progress display"),
+) -> None:
+    """Run a grid of runs (methods x settings x seeds) in parallel and compare them per setting."""
+    from fedmerge.experiment import sweep as sw
+    from fedmerge.experiment.sweep_progress import SweepProgress
+    from fedmerge.experiment.sweep_spec import spec_from_args
+
+    try:
+        if resume is not None:
+            if args or tuned:
+                _fail("--resume SWEEP_DIR takes no other arguments: the sweep is read from its sweep.yaml", 2)
+            spec, out_dir = sw.load_spec(resume), resume
+        else:
+            spec = spec_from_args(list(args or []), str(tuned) if tuned else None)
+        points = sw.expand(spec)
+        out_dir = out_dir or sw.default_sweep_dir(spec, points)
+        if dry_run:
+            for p in points:
+                out.print(f"{p.key}: {' '.join(p.overrides)}", highlight=False, soft_wrap=True)
+            out.print(f"{len(points)} runs in {out_dir}", highlight=False, soft_wrap=True)
+            return
+        points = sw.prepare(spec, out_dir)
+    except _user_errors() as exc:
+        _fail(str(exc), 2)
+    runner = sw.SweepRunner(spec, out_dir, points, jobs)
+    _notice(f"sweep of {len(points)} runs in {out_dir} ({jobs} at a time, {runner.threads} thread(s) each)")
+    try:
+        with SweepProgress(runner, live=progress and err.is_terminal, console=err) as display:
+            outcomes = runner.run(display.update)
+    except KeyboardInterrupt:
+        _fail(f"interrupted; continue with: fedmerge sweep --resume {out_dir}", 130)
+    tables = sw.write_results(out_dir)
+    _print_tables(tables)
+    out.print(f"tables in {out_dir / sw.RESULTS_MD} and {out_dir / sw.RESULTS_CSV}", soft_wrap=True, highlight=False)
+    failed = sum(t.status == "failed" for t in outcomes)
+    if failed:
+        _fail(f"{failed} of {len(outcomes)} runs failed; their errors are in the tables and in {out_dir / 'logs'}", 1)
+
+
+def _print_tables(tables: list[Any]) -> None:
+    from fedmerge.experiment.compare import SHORT_COLUMNS, row_cells
+
+    for t in tables:
+        table = Table(title=escape(t.setting), title_justify="left")
+        for i, col in enumerate(SHORT_COLUMNS):
+            table.add_column(col, justify="left" if i == 0 else "right")
+        for row in t.rows:
+            table.add_row(*(escape(c) for c in row_cells(t, row)))
+        out.print(table)
+        for r in t.failures:
+            out.print(f"failed: {r.key}: {escape(r.error or '')}", highlight=False, soft_wrap=True)
 
 
 KIND_ARG = typer.Argument(None, help="algorithm, dataset, partition, model, or a section: run, split, noise, flower")

@@ -35,6 +35,7 @@ from .progress import RoundProgress
 from .provenance import record_segment
 from .results import CHECKPOINT_DIR, CONFIG_FILE, RunStore, new_run_dir
 from .summary import TIMING_KEYS, build_summary, summarize_eval, summary_markdown
+from .tuned import load_tuned_config
 
 RESUME_OVERRIDABLE = {"rounds", "device", "eval_batch_size"}
 
@@ -384,9 +385,15 @@ def run_from_files(
     show_progress: bool = True,
     grid: Any = None,
     notify: Notify | None = None,
+    run_dir: str | None = None,
+    tuned: str | None = None,
 ) -> RunResult:
+    """``run_dir``: create the run in exactly this folder (``fedmerge sweep``); ``tuned``: a
+    ``fedmerge tune`` file whose values for the config's algorithm apply under ``overrides``."""
     if checkpoint is not None and resume_dir is None:
         raise ConfigError("--checkpoint only applies with --resume RUN_DIR")
+    if resume_dir is not None and (run_dir is not None or tuned is not None):
+        raise ConfigError(f"{'--run-dir' if run_dir is not None else '--tuned'} does not apply with --resume")
     if resume_dir is not None:
         if not (Path(resume_dir) / CONFIG_FILE).is_file():
             raise ConfigError(f"--resume {resume_dir}: no {CONFIG_FILE} there; is it a run folder?")
@@ -401,8 +408,10 @@ def run_from_files(
         return run_experiment(
             cfg, store.dir, resume=True, show_progress=show_progress, grid=grid, checkpoint=checkpoint, notify=notify
         )
-    cfg = load_config(config_path, overrides)
-    return run_experiment(cfg, show_progress=show_progress, grid=grid, notify=notify)
+    cfg = load_tuned_config(config_path, overrides, tuned) if tuned else load_config(config_path, overrides)
+    if run_dir is not None and (Path(run_dir) / CONFIG_FILE).exists():
+        raise ConfigError(f"--run-dir {run_dir} already holds a run; to continue it: fedmerge run --resume {run_dir}")
+    return run_experiment(cfg, run_dir, show_progress=show_progress, grid=grid, notify=notify)
 
 
 __all__ = ["RunResult", "run_experiment", "run_from_files", "TIMING_KEYS"]
