@@ -210,6 +210,25 @@ def _print_tables(tables: list[Any]) -> None:
             out.print(f"failed: {r.key}: {escape(r.error or '')}", highlight=False, soft_wrap=True)
 
 
+@app.command()
+def report(
+    paths: list[Path] = typer.Argument(..., help="run folders, sweep folders, or folders holding them"),
+    out_path: Path = typer.Option(Path("report.html"), "--out", "-o", help="the HTML file to write"),
+    title: str | None = typer.Option(None, "--title", help="page title"),
+) -> None:
+    """One self-contained HTML page: tables, curves, partitions, budgets, merge weights, commands."""
+    from fedmerge.experiment.html_report import build_report
+    from fedmerge.experiment.report_data import NoRuns
+
+    try:
+        path = build_report(paths, out_path, title)
+    except NoRuns as exc:
+        _fail(str(exc), 2)
+    except OSError as exc:  # an unwritable -o
+        _fail(f"{out_path}: {exc.strerror or exc}", 2)
+    out.print(f"report written to {path}", soft_wrap=True, highlight=False)
+
+
 KIND_ARG = typer.Argument(None, help="algorithm, dataset, partition, model, or a section: run, split, noise, flower")
 NAME_ARG = typer.Argument(None, help="a registered name (e.g. fedmerge): print its options")
 
