@@ -211,6 +211,59 @@ def _print_tables(tables: list[Any]) -> None:
 
 
 @app.command()
+def tune(
+    args: list[str] = typer.Argument(
+        None,
+        metavar="[CONFIG] KEY=VALUE... [algorithm.name=[M1,M2]]",
+        help="a config and overrides; a list of algorithm names tunes each with the same budget",
+    ),
+    trials: int = typer.Option(20, "--trials", min=1, help="finished trials per method (the same for all)"),
+    out_dir: Path | None = typer.Option(None, "--out", help="study folder (default OUTPUT_DIR/tune/NAME)"),
+    metric: str = typer.Option("val_acc", "--metric", help="val_acc (maximised) or val_nll (minimised)"),
+    space: Path | None = typer.Option(None, "--space", help="YAML: METHOD or '*': {KEY: {low, high, log}}"),
+    show_space: bool = typer.Option(False, "--show-space", help="print each method's search space and stop"),
+) -> None:
+    """Tune each method on the validation split with Optuna (resumable; test split withheld)."""
+    from fedmerge.experiment import tune as tu
+    from fedmerge.experiment.config import ConfigError, load_config, parse_override
+
+    config_path, overrides = _split_args(args)
+    if metric not in tu.METRICS:
+        _fail(f"--metric: expected one of {', '.join(tu.METRICS)}, got {metric!r}", 2)
+    methods: list[str] = []
+    try:
+        fixed = []
+        for text in overrides:
+            path, value = parse_override(text)
+            if isinstance(value, list):
+                if path != ["algorithm", "name"]:
+                    raise ConfigError(f"{text.partition('=')[0]}: tune takes a list only for algorithm.name")
+                methods = [str(v) for v in value]
+            else:
+                fixed.append(text)
+        cfg = load_config(config_path, fixed)
+        methods = methods or [cfg.algorithm.name]
+        if show_space:
+            user = tu.load_space_file(space) if space else {}
+            for method in methods:
+                mcfg = load_config(config_path, [*fixed, f"algorithm.name={method}"])
+                for key, param in tu.space_for(mcfg, user, config_path).items():
+                    out.print(f"{method}: {key} {tu.describe_space(param)}", highlight=False, soft_wrap=True)
+            return
+        name = Path(config_path).stem if config_path else "tune"
+        folder = out_dir or Path(cfg.output_dir) / "tune" / name
+        tu.tune(
+            config_path, fixed, methods, trials, folder, metric=metric,
+            space_file=str(space) if space else None, notify=_notice,
+        )  # fmt: skip
+    except _user_errors() as exc:
+        _fail(str(exc), 2)
+    except KeyboardInterrupt:
+        _fail("interrupted; run the same command again to continue the study", 130)
+    out.print(f"best values in {folder / tu.BEST_FILE} (use: fedmerge run --tuned FILE)", soft_wrap=True)
+
+
+@app.command()
 def report(
     paths: list[Path] = typer.Argument(..., help="run folders, sweep folders, or folders holding them"),
     out_path: Path = typer.Option(Path("report.html"), "--out", "-o", help="the HTML file to write"),

@@ -7,7 +7,7 @@ import json
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -129,8 +129,12 @@ def run_experiment(
     grid: Any = None,
     checkpoint: str | None = None,
     notify: Notify | None = None,
+    withhold_test: bool = False,
 ) -> RunResult:
     """Run (or resume) ``cfg``. ``stop_after`` ends after that round, as a crash would (tests).
+
+    ``withhold_test``: the test split is removed before training starts, so nothing (no metric, no
+    summary, no model selection) can read it: ``fedmerge tune``'s trials.
 
     ``grid``: a Flower Grid, when called by the deployed ServerApp (``engine: flower``).
     ``checkpoint``: resume from this file of ``RUN_DIR/checkpoints`` instead of the one ``latest.json``
@@ -155,6 +159,8 @@ def run_experiment(
     if tokens is not None:
         check_compatibility(cfg, torch.ones(2, tokens, dtype=torch.int64), 2, device)
     data = load_data(cfg).to(device)
+    if withhold_test:
+        data = without_test(data)
     sample = next(c.x_train[:2] for c in data.clients if c.n_train)
     model = check_compatibility(cfg, sample, data.num_classes, device)
 
@@ -174,6 +180,12 @@ def run_experiment(
 
 
 Notify = Callable[[str], None]
+
+
+def without_test(data: FederatedDataset) -> FederatedDataset:
+    """The same clients with empty test splits (evaluation skips an empty split)."""
+    empty = [replace(c, x_test=c.x_test[:0], y_test=c.y_test[:0]) for c in data.clients]
+    return replace(data, clients=empty)
 
 
 @dataclass
@@ -315,13 +327,15 @@ def _require_flower(simulation: bool) -> None:
 def _open_engine(
     cfg: BaseModel, data: FederatedDataset, model: torch.nn.Module, device: torch.device, grid: Any
 ) -> Iterator[Engine]:
+    # no test split (withheld while tuning): no global-model test either
+    pooled_test = data.pooled_test if any(c.n_test for c in data.clients) else None
     if cfg.engine != "flower" and grid is None:
         yield LocalEngine(
             data.clients,
             model,
             device,
             cfg.seed,
-            pooled_test=data.pooled_test,
+            pooled_test=pooled_test,
             eval_batch_size=cfg.eval_batch_size,
         )
         return
@@ -340,7 +354,7 @@ def _open_engine(
             device,
             cfg.seed,
             options,
-            data.pooled_test,
+            pooled_test,
             cfg.eval_batch_size,
         )
 
