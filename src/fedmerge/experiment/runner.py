@@ -6,7 +6,7 @@ import hashlib
 import json
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,7 @@ from .progress import RoundProgress
 from .provenance import record_segment
 from .results import CHECKPOINT_DIR, CONFIG_FILE, RunStore, new_run_dir
 from .summary import TIMING_KEYS, build_summary, summarize_eval, summary_markdown
+from .tensorboard_log import ScalarLog, require_tensorboard
 from .tuned import load_tuned_config
 
 RESUME_OVERRIDABLE = {"rounds", "device", "eval_batch_size"}
@@ -114,8 +115,9 @@ def _first_line(exc: BaseException) -> str:
 
 
 def config_digest(cfg: BaseModel) -> str:
-    # Engine tuning (``flower``: timeouts, retries) does not change the numbers a run produces.
-    fixed = cfg.model_dump(mode="json", exclude=RESUME_OVERRIDABLE | {"flower"})
+    # Engine tuning (``flower``: timeouts, retries) and extra outputs (``log``) do not change the
+    # numbers a run produces.
+    fixed = cfg.model_dump(mode="json", exclude=RESUME_OVERRIDABLE | {"flower", "log"})
     return hashlib.sha256(repr(sorted(fixed.items())).encode()).hexdigest()
 
 
@@ -150,6 +152,8 @@ def run_experiment(
         if run_dir is None:
             raise ValueError("resume=True needs the run folder")
         ckpt = resume_checkpoint(Path(run_dir), cfg, checkpoint)
+    if cfg.log is not None and cfg.log.tensorboard:
+        require_tensorboard()
     device = resolve_device(cfg.device)
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
@@ -268,7 +272,11 @@ def _run(
         )
 
     show_progress, stop_after = segment.show_progress, segment.stop_after
-    with RoundProgress(cfg.rounds, start_round, len(schedule.sample(1)), enabled=show_progress) as progress:
+    tensorboard = ScalarLog(store.dir, start_round) if cfg.log is not None and cfg.log.tensorboard else None
+    with (
+        RoundProgress(cfg.rounds, start_round, len(schedule.sample(1)), enabled=show_progress) as progress,
+        tensorboard or nullcontext(),
+    ):
         engine.on_client_done = progress.client_done
 
         def on_round_end(rnd: int, server_state: ServerState, record: dict[str, Any]) -> None:
@@ -282,6 +290,8 @@ def _run(
                 record["summary"] = summarize_eval(record["eval"]["clients"])
             record["elapsed_seconds"] = time.perf_counter() - t_start
             store.append_metrics(record)
+            if tensorboard is not None:
+                tensorboard.round(rnd, record)
             if rnd % cfg.checkpoint_every == 0 or rnd == cfg.rounds:
                 checkpoint(rnd, server_state)
             progress.round_done(rnd, _progress_text(record))
