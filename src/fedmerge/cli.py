@@ -191,6 +191,7 @@ def sweep(
     tables = sw.write_results(out_dir)
     _print_tables(tables)
     out.print(f"tables in {out_dir / sw.RESULTS_MD} and {out_dir / sw.RESULTS_CSV}", soft_wrap=True, highlight=False)
+    out.print(f"the page: fedmerge report {out_dir} -o report.html", soft_wrap=True, highlight=False)
     failed = sum(t.status == "failed" for t in outcomes)
     if failed:
         _fail(f"{failed} of {len(outcomes)} runs failed; their errors are in the tables and in {out_dir / 'logs'}", 1)
