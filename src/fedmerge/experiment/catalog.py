@@ -8,7 +8,7 @@ from pydantic import BaseModel
 from fedmerge.core.registry import Registry
 from fedmerge.data import NoiseConfig, SplitConfig
 
-from .config import COMPONENT_SECTIONS, FlowerSettings, RunSettings
+from .config import COMPONENT_SECTIONS, FlowerSettings, LogSettings, RunSettings
 from .schema_docs import did_you_mean
 
 REGISTRIES: dict[str, Registry] = COMPONENT_SECTIONS
@@ -17,6 +17,7 @@ SECTIONS: dict[str, type[BaseModel]] = {
     "split": SplitConfig,
     "noise": NoiseConfig,
     "flower": FlowerSettings,
+    "log": LogSettings,
 }
 _KIND_WORDS = {"algorithms": "algorithm", "datasets": "dataset", "partitioner": "partition", "models": "model"}
 _KIND_WORDS |= {"partitioners": "partition", "partitions": "partition", "settings": "run"}

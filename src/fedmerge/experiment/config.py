@@ -54,6 +54,17 @@ class FlowerSettings(BaseModel):
     client_gpus: float = Field(0.0, ge=0, description="simulation: GPUs reserved per ClientApp")
 
 
+class LogSettings(BaseModel):
+    """``log:`` section: extra outputs of a run (they do not change its numbers)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tensorboard: bool = Field(
+        False,
+        description="also write TensorBoard scalars to RUN_DIR/tensorboard (pip install -e '.[tensorboard]')",
+    )
+
+
 class RunSettings(BaseModel):
     """Fields that are not components: the schedule, engine and outputs."""
 
@@ -74,6 +85,8 @@ class RunSettings(BaseModel):
     engine: Literal["local", "flower"] = Field("local", description="local: in-process; flower: Flower (simulation)")
     # None: defaults; omitted from config.yaml so local runs are unchanged
     flower: FlowerSettings | None = Field(None, description="Flower settings (fedmerge list flower)")
+    # None: defaults; omitted from config.yaml so that existing run folders stay unchanged
+    log: LogSettings | None = Field(None, description="extra outputs (fedmerge list log)")
     device: str = Field("cpu", pattern=r"^(cpu|cuda(:\d+)?|mps|auto)$", description="cpu, cuda, cuda:N, mps or auto")
     output_dir: str = Field("runs", description="where run folders are created")
     eval_batch_size: int = Field(1024, ge=1, description="batch size of evaluation (memory only, not results)")
@@ -315,5 +328,5 @@ def config_warnings(cfg: BaseModel) -> list[str]:
 
 
 def to_yaml(cfg: BaseModel) -> str:
-    exclude = {"flower"} if getattr(cfg, "flower", None) is None else None
-    return yaml.safe_dump(cfg.model_dump(mode="json", exclude=exclude), sort_keys=False)
+    exclude = {k for k in ("flower", "log") if getattr(cfg, k, None) is None}
+    return yaml.safe_dump(cfg.model_dump(mode="json", exclude=exclude or None), sort_keys=False)

@@ -55,7 +55,8 @@ def record_segment(run_dir: str | Path, start_round: int, resumed: bool) -> dict
     """Append this invocation to the run's provenance and return the line."""
     commit, dirty = source_commit()
     argv = list(sys.argv)
-    if argv and Path(argv[0]).name == "fedmerge":
+    # `fedmerge` on PATH, or `python -m fedmerge` (how `fedmerge sweep` starts its runs)
+    if argv and (Path(argv[0]).name == "fedmerge" or Path(argv[0]).parts[-2:] == ("fedmerge", "__main__.py")):
         argv[0] = "fedmerge"
     line = {
         "command": shlex.join(argv),

@@ -6,8 +6,8 @@ import hashlib
 import json
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,8 @@ from .progress import RoundProgress
 from .provenance import record_segment
 from .results import CHECKPOINT_DIR, CONFIG_FILE, RunStore, new_run_dir
 from .summary import TIMING_KEYS, build_summary, summarize_eval, summary_markdown
+from .tensorboard_log import ScalarLog, require_tensorboard
+from .tuned import load_tuned_config
 
 RESUME_OVERRIDABLE = {"rounds", "device", "eval_batch_size"}
 
@@ -113,8 +115,9 @@ def _first_line(exc: BaseException) -> str:
 
 
 def config_digest(cfg: BaseModel) -> str:
-    # Engine tuning (``flower``: timeouts, retries) does not change the numbers a run produces.
-    fixed = cfg.model_dump(mode="json", exclude=RESUME_OVERRIDABLE | {"flower"})
+    # Engine tuning (``flower``: timeouts, retries) and extra outputs (``log``) do not change the
+    # numbers a run produces.
+    fixed = cfg.model_dump(mode="json", exclude=RESUME_OVERRIDABLE | {"flower", "log"})
     return hashlib.sha256(repr(sorted(fixed.items())).encode()).hexdigest()
 
 
@@ -128,8 +131,12 @@ def run_experiment(
     grid: Any = None,
     checkpoint: str | None = None,
     notify: Notify | None = None,
+    withhold_test: bool = False,
 ) -> RunResult:
     """Run (or resume) ``cfg``. ``stop_after`` ends after that round, as a crash would (tests).
+
+    ``withhold_test``: the test split is removed before training starts, so nothing (no metric, no
+    summary, no model selection) can read it: ``fedmerge tune``'s trials.
 
     ``grid``: a Flower Grid, when called by the deployed ServerApp (``engine: flower``).
     ``checkpoint``: resume from this file of ``RUN_DIR/checkpoints`` instead of the one ``latest.json``
@@ -145,6 +152,8 @@ def run_experiment(
         if run_dir is None:
             raise ValueError("resume=True needs the run folder")
         ckpt = resume_checkpoint(Path(run_dir), cfg, checkpoint)
+    if cfg.log is not None and cfg.log.tensorboard:
+        require_tensorboard()
     device = resolve_device(cfg.device)
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
@@ -154,6 +163,8 @@ def run_experiment(
     if tokens is not None:
         check_compatibility(cfg, torch.ones(2, tokens, dtype=torch.int64), 2, device)
     data = load_data(cfg).to(device)
+    if withhold_test:
+        data = without_test(data)
     sample = next(c.x_train[:2] for c in data.clients if c.n_train)
     model = check_compatibility(cfg, sample, data.num_classes, device)
 
@@ -173,6 +184,12 @@ def run_experiment(
 
 
 Notify = Callable[[str], None]
+
+
+def without_test(data: FederatedDataset) -> FederatedDataset:
+    """The same clients with empty test splits (evaluation skips an empty split)."""
+    empty = [replace(c, x_test=c.x_test[:0], y_test=c.y_test[:0]) for c in data.clients]
+    return replace(data, clients=empty)
 
 
 @dataclass
@@ -255,7 +272,11 @@ def _run(
         )
 
     show_progress, stop_after = segment.show_progress, segment.stop_after
-    with RoundProgress(cfg.rounds, start_round, len(schedule.sample(1)), enabled=show_progress) as progress:
+    tensorboard = ScalarLog(store.dir, start_round) if cfg.log is not None and cfg.log.tensorboard else None
+    with (
+        RoundProgress(cfg.rounds, start_round, len(schedule.sample(1)), enabled=show_progress) as progress,
+        tensorboard or nullcontext(),
+    ):
         engine.on_client_done = progress.client_done
 
         def on_round_end(rnd: int, server_state: ServerState, record: dict[str, Any]) -> None:
@@ -269,6 +290,8 @@ def _run(
                 record["summary"] = summarize_eval(record["eval"]["clients"])
             record["elapsed_seconds"] = time.perf_counter() - t_start
             store.append_metrics(record)
+            if tensorboard is not None:
+                tensorboard.round(rnd, record)
             if rnd % cfg.checkpoint_every == 0 or rnd == cfg.rounds:
                 checkpoint(rnd, server_state)
             progress.round_done(rnd, _progress_text(record))
@@ -314,13 +337,15 @@ def _require_flower(simulation: bool) -> None:
 def _open_engine(
     cfg: BaseModel, data: FederatedDataset, model: torch.nn.Module, device: torch.device, grid: Any
 ) -> Iterator[Engine]:
+    # no test split (withheld while tuning): no global-model test either
+    pooled_test = data.pooled_test if any(c.n_test for c in data.clients) else None
     if cfg.engine != "flower" and grid is None:
         yield LocalEngine(
             data.clients,
             model,
             device,
             cfg.seed,
-            pooled_test=data.pooled_test,
+            pooled_test=pooled_test,
             eval_batch_size=cfg.eval_batch_size,
         )
         return
@@ -339,7 +364,7 @@ def _open_engine(
             device,
             cfg.seed,
             options,
-            data.pooled_test,
+            pooled_test,
             cfg.eval_batch_size,
         )
 
@@ -384,9 +409,15 @@ def run_from_files(
     show_progress: bool = True,
     grid: Any = None,
     notify: Notify | None = None,
+    run_dir: str | None = None,
+    tuned: str | None = None,
 ) -> RunResult:
+    """``run_dir``: create the run in exactly this folder (``fedmerge sweep``); ``tuned``: a
+    ``fedmerge tune`` file whose values for the config's algorithm apply under ``overrides``."""
     if checkpoint is not None and resume_dir is None:
         raise ConfigError("--checkpoint only applies with --resume RUN_DIR")
+    if resume_dir is not None and (run_dir is not None or tuned is not None):
+        raise ConfigError(f"{'--run-dir' if run_dir is not None else '--tuned'} does not apply with --resume")
     if resume_dir is not None:
         if not (Path(resume_dir) / CONFIG_FILE).is_file():
             raise ConfigError(f"--resume {resume_dir}: no {CONFIG_FILE} there; is it a run folder?")
@@ -401,8 +432,10 @@ def run_from_files(
         return run_experiment(
             cfg, store.dir, resume=True, show_progress=show_progress, grid=grid, checkpoint=checkpoint, notify=notify
         )
-    cfg = load_config(config_path, overrides)
-    return run_experiment(cfg, show_progress=show_progress, grid=grid, notify=notify)
+    cfg = load_tuned_config(config_path, overrides, tuned) if tuned else load_config(config_path, overrides)
+    if run_dir is not None and (Path(run_dir) / CONFIG_FILE).exists():
+        raise ConfigError(f"--run-dir {run_dir} already holds a run; to continue it: fedmerge run --resume {run_dir}")
+    return run_experiment(cfg, run_dir, show_progress=show_progress, grid=grid, notify=notify)
 
 
 __all__ = ["RunResult", "run_experiment", "run_from_files", "TIMING_KEYS"]

@@ -1,0 +1,267 @@
+"""Comparison tables: methods side by side per setting, mean +- std over seeds, a paired test.
+
+For each setting and method: the mean client test accuracy at the best-validation round (the round
+with the lowest mean validation loss: the model a practitioner would pick) and at the last round, the
+worst-10% clients at the best-validation round, the parameter budget, and a paired t-test across seeds
+(scipy's ``ttest_rel``) of each method against the best one on the seeds both finished. Failed runs
+are counted and listed, never silently dropped.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+DONE, FAILED, INCOMPLETE, PENDING = "done", "failed", "incomplete", "pending"
+
+
+@dataclass
+class RunRecord:
+    """One run as a comparison sees it."""
+
+    key: str
+    method: str
+    setting: str
+    seed: int
+    status: str  # DONE, FAILED, INCOMPLETE (stopped before its end), PENDING (not started)
+    run_dir: Path | None = None
+    summary: dict[str, Any] | None = None
+    error: str | None = None
+
+
+@dataclass
+class Stat:
+    by_seed: dict[int, float]
+
+    @property
+    def mean(self) -> float:
+        return float(np.mean(list(self.by_seed.values())))
+
+    @property
+    def std(self) -> float:
+        """Sample standard deviation over seeds (nan for one seed)."""
+        vals = list(self.by_seed.values())
+        return float(np.std(vals, ddof=1)) if len(vals) > 1 else math.nan
+
+
+@dataclass
+class MethodRow:
+    method: str
+    runs: list[RunRecord]
+    best_val: Stat | None = None
+    last: Stat | None = None
+    worst10: Stat | None = None
+    p_value: float | None = None  # paired t-test against the best method
+    n_paired: int = 0
+    budget: dict[str, float] = field(default_factory=dict)
+
+    def count(self, status: str) -> int:
+        return sum(r.status == status for r in self.runs)
+
+
+@dataclass
+class SettingTable:
+    setting: str
+    rows: list[MethodRow]
+    best: str | None  # the method with the highest mean at the best-validation round
+
+    @property
+    def failures(self) -> list[RunRecord]:
+        return [r for row in self.rows for r in row.runs if r.status == FAILED]
+
+
+def _stat(runs: list[RunRecord], selection: str, metric: str = "mean") -> Stat | None:
+    values = {}
+    for r in runs:
+        part = (r.summary or {}).get(selection)
+        acc = part["clients"].get("test_acc") if part else None
+        if r.status == DONE and acc is not None:
+            values[r.seed] = float(acc[metric])
+    return Stat(values) if values else None
+
+
+def paired_p_value(a: dict[int, float], b: dict[int, float]) -> tuple[float | None, int]:
+    """Two-sided paired t-test over the seeds both have; None when fewer than two pairs or when the
+    differences are all equal (the t statistic is undefined)."""
+    seeds = sorted(set(a) & set(b))
+    if len(seeds) < 2:
+        return None, len(seeds)
+    from scipy.stats import ttest_rel
+
+    diff = np.array([a[s] - b[s] for s in seeds])
+    if np.allclose(diff, diff[0], rtol=0, atol=1e-12):
+        return None, len(seeds)
+    return float(ttest_rel([a[s] for s in seeds], [b[s] for s in seeds]).pvalue), len(seeds)
+
+
+def budget_of(runs: list[RunRecord]) -> dict[str, float]:
+    for r in runs:
+        b = (r.summary or {}).get("parameter_budget")
+        if r.status == DONE and b:
+            return {
+                "client_optimized": b["client_optimized"],
+                "communicated": b["down_per_client_round"] + b["up_per_client_round"],
+                "server_stored": b["server_stored"],
+            }
+    return {}
+
+
+def compare(records: list[RunRecord]) -> list[SettingTable]:
+    """One table per setting, in the order settings and methods first appear."""
+    tables = []
+    for setting in dict.fromkeys(r.setting for r in records):
+        mine = [r for r in records if r.setting == setting]
+        rows = []
+        for method in dict.fromkeys(r.method for r in mine):
+            runs = [r for r in mine if r.method == method]
+            row = MethodRow(method, runs, _stat(runs, "best_val"), _stat(runs, "last"))
+            row.worst10 = _stat(runs, "best_val", "worst10")
+            row.budget = budget_of(runs)
+            rows.append(row)
+        ranked = [r for r in rows if r.best_val is not None]
+        best = max(ranked, key=lambda r: r.best_val.mean) if ranked else None
+        for row in ranked:
+            if row is not best:
+                row.p_value, row.n_paired = paired_p_value(row.best_val.by_seed, best.best_val.by_seed)
+        tables.append(SettingTable(setting, rows, best.method if best else None))
+    return tables
+
+
+# --- rendering ---------------------------------------------------------------------------------
+
+COLUMNS = (
+    "method",
+    "seeds",
+    "test acc @ best val",
+    "test acc @ last",
+    "worst 10% @ best val",
+    "p vs best (paired t)",
+    "client params",
+    "communicated / client / round",
+    "server params",
+)
+
+
+# the same columns, short enough for a terminal
+SHORT_COLUMNS = (
+    "method",
+    "seeds",
+    "acc@best-val",
+    "acc@last",
+    "worst10%",
+    "p vs best",
+    "client params",
+    "comm/round",
+    "server params",
+)
+
+
+def fmt_stat(stat: Stat | None, failed: bool = False) -> str:
+    if stat is None:
+        return "failed" if failed else "-"
+    if math.isnan(stat.std):
+        return f"{100 * stat.mean:.2f}"
+    return f"{100 * stat.mean:.2f} ± {100 * stat.std:.2f}"
+
+
+def fmt_count(value: float | None) -> str:
+    return "-" if value is None or not math.isfinite(value) else f"{value:,.0f}"
+
+
+def row_cells(table: SettingTable, row: MethodRow) -> list[str]:
+    """The markdown/HTML cells of one row (accuracies in %)."""
+    done, failed = row.count(DONE), row.count(FAILED)
+    others = len(row.runs) - done - failed
+    seeds = f"{done}" + (f" ({failed} failed)" if failed else "") + (f" ({others} not finished)" if others else "")
+    if row.method == table.best:
+        p = "best"
+    elif row.p_value is None:
+        p = f"n/a (n={row.n_paired})" if row.best_val is not None else "-"
+    else:
+        p = f"{row.p_value:.3g} (n={row.n_paired})"
+    all_failed = done == 0 and failed > 0
+    return [
+        row.method,
+        seeds,
+        fmt_stat(row.best_val, all_failed),
+        fmt_stat(row.last, all_failed),
+        fmt_stat(row.worst10, all_failed),
+        p,
+        fmt_count(row.budget.get("client_optimized")),
+        fmt_count(row.budget.get("communicated")),
+        fmt_count(row.budget.get("server_stored")),
+    ]
+
+
+def to_markdown(tables: list[SettingTable], title: str = "Comparison") -> str:
+    lines = [
+        f"# {title}",
+        "",
+        "Mean client test accuracy (%), mean ± std over seeds, at the best-validation round (lowest mean "
+        "validation loss) and at the last round; p: two-sided paired t-test across seeds against the best "
+        "method (highest mean at the best-validation round). Budgets in float values.",
+    ]
+    for table in tables:
+        lines += ["", f"## {table.setting}", "", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+        lines += ["| " + " | ".join(row_cells(table, row)) + " |" for row in table.rows]
+        if table.failures:
+            lines += ["", "Failed runs:", ""]
+            lines += [f"- `{r.key}` (seed {r.seed}): {r.error or 'failed'}" for r in table.failures]
+    return "\n".join(lines) + "\n"
+
+
+CSV_COLUMNS = (
+    "setting",
+    "method",
+    "is_best",
+    "seeds_done",
+    "seeds_failed",
+    "seeds_not_finished",
+    "best_val_mean",
+    "best_val_std",
+    "last_mean",
+    "last_std",
+    "worst10_mean",
+    "worst10_std",
+    "p_value_vs_best",
+    "n_paired",
+    "client_optimized",
+    "communicated",
+    "server_stored",
+)
+
+
+def to_csv(tables: list[SettingTable]) -> str:
+    """One line per (setting, method); accuracies as fractions, empty where there is no value."""
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(CSV_COLUMNS)
+
+    def num(value: float | None) -> str:
+        return "" if value is None or (isinstance(value, float) and math.isnan(value)) else repr(float(value))
+
+    for table in tables:
+        for row in table.rows:
+            done, failed = row.count(DONE), row.count(FAILED)
+            stats = [(s.mean, s.std) if s else (None, None) for s in (row.best_val, row.last, row.worst10)]
+            writer.writerow(
+                [
+                    table.setting,
+                    row.method,
+                    int(row.method == table.best),
+                    done,
+                    failed,
+                    len(row.runs) - done - failed,
+                    *(num(v) for pair in stats for v in pair),
+                    num(row.p_value),
+                    row.n_paired,
+                    *(num(row.budget.get(k)) for k in ("client_optimized", "communicated", "server_stored")),
+                ]
+            )
+    return buf.getvalue()

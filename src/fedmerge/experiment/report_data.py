@@ -1,0 +1,120 @@
+"""Find the runs under report paths and read what the report draws from them.
+
+A path may be a sweep folder (``index.json``: methods, settings and seeds come from the sweep), a
+run folder (``config.yaml``: the method is its algorithm, the setting its dataset and partition),
+or any folder holding either below it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from .compare import DONE, INCOMPLETE, RunRecord
+from .plot_budget import run_setting, setting_labels
+from .results import CONFIG_FILE, SUMMARY_FILE, RunStore
+from .sweep import INDEX_FILE, is_sweep_dir, sweep_records
+
+
+class NoRuns(ValueError):
+    """A report path that holds no run (``str`` is one line)."""
+
+
+def find_runs(paths: list[Path]) -> list[RunRecord]:
+    records: list[RunRecord] = []
+    loose: list[Path] = []
+    for path in paths:
+        if not path.exists():
+            raise NoRuns(f"{path} does not exist")
+        sweeps, runs = _walk(path)
+        if not sweeps and not runs:
+            raise NoRuns(f"{path} holds no runs (no run folder with {CONFIG_FILE} and no sweep with {INDEX_FILE})")
+        for s in sweeps:
+            records += sweep_records(s)
+        loose += runs
+    return records + loose_records(loose)
+
+
+def _walk(path: Path) -> tuple[list[Path], list[Path]]:
+    """Sweep folders and run folders at or below ``path`` (not inside either)."""
+    if is_sweep_dir(path):
+        return [path], []
+    if (path / CONFIG_FILE).is_file():
+        return [], [path]
+    sweeps: list[Path] = []
+    runs: list[Path] = []
+    if path.is_dir():
+        for child in sorted(p for p in path.iterdir() if p.is_dir()):
+            s, r = _walk(child)
+            sweeps += s
+            runs += r
+    return sweeps, runs
+
+
+def loose_records(run_dirs: list[Path]) -> list[RunRecord]:
+    """Runs outside a sweep: method = algorithm, setting = dataset and partition (plus what differs)."""
+    infos = []
+    for d in run_dirs:
+        config = yaml.safe_load((d / CONFIG_FILE).read_text()) or {}
+        summary = json.loads((d / SUMMARY_FILE).read_text()) if (d / SUMMARY_FILE).is_file() else None
+        infos.append((d, config, summary, run_setting(d, summary or {})))
+    labels = setting_labels([info[3] for info in infos])
+    records = []
+    for (d, config, summary, _), label in zip(infos, labels):
+        dataset = (config.get("dataset") or {}).get("name", "?")
+        method = (config.get("algorithm") or {}).get("name", "?")
+        status = DONE if summary is not None else INCOMPLETE
+        records.append(RunRecord(d.name, method, f"{dataset}, {label}", int(config.get("seed", 0)), status, d, summary))
+    return records
+
+
+def learning_curve(run_dir: Path) -> dict[str, list[float]]:
+    """Per evaluated round: mean client test accuracy; per round: train loss."""
+    rows = RunStore(run_dir).read_metrics()
+    evals = [r for r in rows if "test_acc" in r.get("summary", {})]
+    return {
+        "eval_rounds": [r["round"] for r in evals],
+        "test_acc": [r["summary"]["test_acc"]["mean"] for r in evals],
+        "rounds": [r["round"] for r in rows],
+        "train_loss": [r["train_loss"] for r in rows],
+    }
+
+
+def band(curves: list[tuple[list[int], list[float]]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Rounds, mean and std across seeds (std over the seeds that reached each round)."""
+    by_round: dict[int, list[float]] = {}
+    for rounds, values in curves:
+        for r, v in zip(rounds, values):
+            by_round.setdefault(r, []).append(v)
+    rounds = np.array(sorted(by_round))
+    mean = np.array([np.mean(by_round[r]) for r in rounds])
+    std = np.array([np.std(by_round[r]) for r in rounds])
+    return rounds, mean, std
+
+
+def client_accuracies(record: RunRecord) -> list[float]:
+    """Each client's test accuracy at the run's best-validation round (else its last evaluated round)."""
+    if record.run_dir is None:
+        return []
+    wanted = ((record.summary or {}).get("best_val") or (record.summary or {}).get("last") or {}).get("round")
+    rows = [r for r in RunStore(record.run_dir).read_metrics() if "eval" in r]
+    chosen = next((r for r in rows if r["round"] == wanted), rows[-1] if rows else None)
+    if chosen is None:
+        return []
+    return [m["test_acc"] for m in chosen["eval"]["clients"].values() if "test_acc" in m]
+
+
+def has_merge_weights(run_dir: Path) -> bool:
+    return _any_row(run_dir, lambda r: "merge_weights" in r.get("server", {}))
+
+
+def has_lambda_curve(run_dir: Path) -> bool:
+    return _any_row(run_dir, lambda r: any(k.startswith("lambda=") for k in r.get("summary", {})))
+
+
+def _any_row(run_dir: Path, test: Any) -> bool:
+    return any(test(r) for r in RunStore(run_dir).read_metrics())

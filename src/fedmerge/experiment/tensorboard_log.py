@@ -1,0 +1,52 @@
+"""``log.tensorboard: true``: per-round scalars in RUN_DIR/tensorboard (``tensorboard --logdir runs``).
+
+train/loss every round; at evaluated rounds the mean and worst-10% client accuracy on test (and on
+validation), the mean validation loss. A resumed run first drops the events past its checkpoint
+(``purge_step``), as it truncates metrics.jsonl, so no round appears twice.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .config import ConfigError
+
+INSTALL_HINT = "log.tensorboard needs TensorBoard: pip install -e '.[tensorboard]'"
+FOLDER = "tensorboard"
+# (summary key, statistic) -> tag
+SCALARS = {
+    ("test_acc", "mean"): "test/acc_mean",
+    ("test_acc", "worst10"): "test/acc_worst10",
+    ("val_acc", "mean"): "val/acc_mean",
+    ("val_acc", "worst10"): "val/acc_worst10",
+    ("val_nll", "mean"): "val/nll_mean",
+}
+
+
+def require_tensorboard() -> None:
+    try:
+        from torch.utils.tensorboard import SummaryWriter  # noqa: F401
+    except ImportError:
+        raise ConfigError(INSTALL_HINT) from None
+
+
+class ScalarLog:
+    def __init__(self, run_dir: Path, start_round: int) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(log_dir=str(Path(run_dir) / FOLDER), purge_step=start_round + 1)
+
+    def __enter__(self) -> ScalarLog:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.writer.close()
+
+    def round(self, rnd: int, record: dict[str, Any]) -> None:
+        self.writer.add_scalar("train/loss", record["train_loss"], rnd)
+        summary = record.get("summary", {})
+        for (key, stat), tag in SCALARS.items():
+            if key in summary:
+                self.writer.add_scalar(tag, summary[key][stat], rnd)
+        self.writer.flush()
