@@ -19,6 +19,7 @@ from fedmerge.core.loop import Engine, Schedule, run_rounds
 from fedmerge.core.types import ServerState
 from fedmerge.data import DataUnavailable, FederatedDataset, build_federated_dataset
 from fedmerge.engines.local import LocalEngine
+from fedmerge.engines.workers import set_threads, workers_problem
 from fedmerge.models import build_model, count_parameters
 
 from .config import ConfigError, FlowerSettings, load_config, to_yaml
@@ -26,7 +27,7 @@ from .progress import RoundProgress
 from .results import RunStore, new_run_dir
 from .summary import TIMING_KEYS, build_summary, summarize_eval, summary_markdown
 
-RESUME_OVERRIDABLE = {"rounds", "device", "eval_batch_size"}
+RESUME_OVERRIDABLE = {"rounds", "device", "eval_batch_size", "workers"}
 
 
 @dataclass
@@ -77,8 +78,9 @@ def run_experiment(
     if cfg.engine == "flower":
         _require_flower(simulation=grid is None)
     device = resolve_device(cfg.device)
-    if cfg.threads is not None:
-        torch.set_num_threads(cfg.threads)
+    if (problem := workers_problem(cfg.workers, cfg.threads, device, cfg.engine)) is not None:
+        raise ConfigError(problem)
+    set_threads(cfg.threads)
     data = load_data(cfg).to(device)
     store = RunStore(run_dir if run_dir is not None else new_run_dir(cfg.output_dir, cfg.name))
 
@@ -194,14 +196,16 @@ def _open_engine(
     cfg: BaseModel, data: FederatedDataset, model: torch.nn.Module, device: torch.device, grid: Any
 ) -> Iterator[Engine]:
     if cfg.engine != "flower" and grid is None:
-        yield LocalEngine(
+        with LocalEngine(
             data.clients,
             model,
             device,
             cfg.seed,
             pooled_test=data.pooled_test,
             eval_batch_size=cfg.eval_batch_size,
-        )
+            workers=cfg.workers,
+        ) as engine:
+            yield engine
         return
     from fedmerge.engines.flower.engine import FlowerEngine, FlowerOptions
     from fedmerge.engines.flower.simulation import SimulationOptions, simulation
