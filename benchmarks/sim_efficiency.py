@@ -12,17 +12,20 @@ Every option takes a comma-separated list; one line is printed per case (the pro
     python benchmarks/sim_efficiency.py --model cnn-small --profile   # where a round's time goes
 
 Models: any registered name at its defaults, or ``cnn-small`` (TwoCNN with 8/16 channels, fc 64).
+``--clock cpu`` times this process's CPU time instead of wall time: on a machine shared with other
+jobs it removes the time the process waits for a core (meaningful with one thread only).
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
-import statistics
 import time
+from collections.abc import Callable
 from types import SimpleNamespace
 
 import torch
+from plain_loop import plain_loop
 from torch.nn import functional as F
 
 from fedmerge.algorithms.fedavg import FedAvg, FedAvgConfig
@@ -30,6 +33,8 @@ from fedmerge.core.seeding import torch_generator
 from fedmerge.engines.local import LocalEngine
 from fedmerge.models import MODELS, build_model
 
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+clock = time.perf_counter
 PRESETS = {"cnn-small": ("twocnn", {"channels": (8, 16), "hidden": 64})}
 
 
@@ -76,44 +81,54 @@ class Case:
         self.state = self.algo.init_server_state()
         self.central = factory(torch_generator(0))
 
-    def federated_round(self, rnd: int) -> tuple[float, float]:
-        """(fit seconds, aggregate seconds)."""
+    def federated_round(self, rnd: int) -> tuple[list[float], float]:
+        """(fit seconds of each client, aggregate seconds) of one round."""
         payloads = self.algo.configure(self.state, rnd, list(range(self.clients)))
-        t0 = time.perf_counter()
-        updates = self.engine.fit(self.algo, rnd, payloads)
-        t1 = time.perf_counter()
+        fit, updates = [], {}
+        for cid, payload in payloads.items():  # one client per call: each one timed on its own
+            t0 = clock()
+            updates.update(self.engine.fit(self.algo, rnd, {cid: payload}))
+            fit.append(clock() - t0)
+        t0 = clock()
         self.state = self.algo.aggregate(self.state, rnd, updates)
-        return t1 - t0, time.perf_counter() - t1
+        return fit, clock() - t0
 
-    def centralized_epoch(self, rnd: int) -> float:
-        # The plain loop a user would write: one model, one optimizer, the same batches.
-        opt = torch.optim.SGD(self.central.parameters(), lr=self.cfg.lr)
-        self.central.train()
+    def centralized_epoch(self, rnd: int) -> list[float]:
+        """Seconds of the plain loop over each client's samples."""
         gen = torch_generator(0, rnd, -1, "central")
-        t0 = time.perf_counter()
-        for i in range(self.clients):  # same batch boundaries as the clients (no cross-client batches)
-            perm = torch.randperm(self.samples, generator=gen) + i * self.samples
-            for j in range(0, self.samples, self.batch):
-                idx = perm[j : j + self.batch]
-                opt.zero_grad(set_to_none=True)
-                F.cross_entropy(self.central(self.x[idx]), self.y[idx]).backward()
-                opt.step()
-        return time.perf_counter() - t0
+        parts = [(c.x_train, c.y_train) for c in self.engine.clients]
+        return [plain_loop(self.central, [part], self.batch, self.cfg.lr, 1, gen, clock=clock) for part in parts]
+
+    def client_overhead(self, repeats: int) -> float:
+        """Seconds a client costs besides its training steps: the fastest fit of a client that trains one
+        step, minus the fastest plain step on as many samples. Fixed per client, and robust to noise."""
+        one_step = FedAvg(self.cfg.model_copy(update={"local_steps": 1}), self.algo.model_factory, 1, seed=0)
+        payload = one_step.configure(self.state, 1, [0])
+        x0, y0 = self.engine.clients[0].x_train[: self.batch], self.engine.clients[0].y_train[: self.batch]
+        fed, plain = [], []
+        for r in range(repeats + 1):
+            t0 = clock()
+            self.engine.fit(one_step, r, payload)
+            fed.append(clock() - t0)
+            gen = torch_generator(r)
+            plain.append(plain_loop(self.central, [(x0, y0)], self.batch, self.cfg.lr, 1, gen, clock=clock))
+        return min(fed[1:]) - min(plain[1:])
 
     def measure(self, repeats: int) -> tuple[float, float, float]:
-        """Medians of (fit, fit + aggregate, plain loop) seconds, interleaved so noise hits both alike."""
+        """(fit, fit + aggregate, plain loop) seconds of a round: for each client (and the aggregation) the
+        fastest of the repeats, which are interleaved so that noise hits both alike. On a busy machine the
+        fastest time is the least disturbed one; whole rounds would be dominated by the noise."""
         self.federated_round(0)  # warm-up: allocator, first optimizer construction
         self.centralized_epoch(0)
-        fit, rounds, plain = [], [], []
+        fit, agg, plain = [float("inf")] * self.clients, float("inf"), [float("inf")] * self.clients
         for r in range(1, repeats + 1):
             f, a = self.federated_round(r)
-            fit.append(f)
-            rounds.append(f + a)
-            plain.append(self.centralized_epoch(r))
-        return statistics.median(fit), statistics.median(rounds), statistics.median(plain)
+            fit, agg = [min(u, v) for u, v in zip(fit, f)], min(agg, a)
+            plain = [min(u, v) for u, v in zip(plain, self.centralized_epoch(r))]
+        return sum(fit), sum(fit) + agg, sum(plain)
 
 
-def csv(kind: type) -> callable:
+def csv(kind: type) -> Callable[[str], list]:
     return lambda text: [kind(v) for v in text.split(",")]
 
 
@@ -125,19 +140,27 @@ def main() -> None:
     ap.add_argument("--threads", type=csv(int), default=[1])
     ap.add_argument("--samples", type=int, default=200, help="training samples per client")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--clock", choices=sorted(CLOCKS), default="wall")
     ap.add_argument("--profile", action="store_true", help="print a pyinstrument profile of one round per case")
     args = ap.parse_args()
+    global clock
+    clock = CLOCKS[args.clock]
 
     x, y, source = load_samples(max(args.clients) * args.samples)
-    print(f"data={source}, {args.samples} samples per client, FedAvg 1 local epoch, median of {args.repeats}")
+    print(
+        f"data={source}, {args.samples} samples per client, FedAvg 1 local epoch, best of {args.repeats}, "
+        f"{args.clock} clock"
+    )
     for model, batch, clients, threads in itertools.product(args.model, args.batch_size, args.clients, args.threads):
         torch.set_num_threads(threads)
         case = Case(x, y, model, batch, clients, args.samples)
         fit, rnd, plain = case.measure(args.repeats)
+        overhead = case.client_overhead(20 * args.repeats)
         n = clients * args.samples
         print(
             f"model={model:<9} batch={batch:<3} clients={clients:<4} threads={threads}: "
-            f"fit/plain {plain / fit:.3f}  round/plain {plain / rnd:.3f}  (plain {n / plain:,.0f} samples/s)",
+            f"fit/plain {plain / fit:.3f}  round/plain {plain / rnd:.3f}  (plain {n / plain:,.0f} samples/s); "
+            f"per client {overhead * 1e6:.0f} us besides training = {overhead * clients / plain:.1%} of it",
             flush=True,
         )
         if args.profile:

@@ -113,16 +113,31 @@ class _Unpickler(pickle.Unpickler):
         return self.tensors[pid]
 
 
-def _raw(t: torch.Tensor) -> Any:
+def _raw(t: torch.Tensor) -> memoryview:
     """A writable byte view of a contiguous tensor's storage (numpy holds no bfloat16: view as bytes)."""
-    return t.reshape(-1).view(torch.uint8).numpy()
+    return memoryview(t.reshape(-1).view(torch.uint8).numpy())
+
+
+def _write_all(fd: int, data: memoryview) -> None:
+    while data.nbytes:
+        data = data[os.write(fd, data) :]
+
+
+def _read_into(fd: int, data: memoryview) -> None:
+    """Fill ``data`` from ``fd``: the kernel copies straight into the tensor, no intermediate bytes."""
+    while data.nbytes:
+        n = os.readv(fd, [data])
+        if n == 0:
+            raise EOFError
+        data = data[n:]
 
 
 class Channel:
     """One end of a worker pipe.
 
     A message is a pickle in which every tensor is a key, followed by the raw bytes of the tensors the
-    other end does not hold yet, each received straight into a new tensor's storage. Within a batch
+    other end does not hold yet (unframed: the pickle gives their sizes), each received straight into
+    a new tensor's storage. Within a batch
     (one round's fit or evaluation) a tensor already sent travels as its key only: clients of a
     global-model method share one payload, which then crosses each pipe once per round.
     """
@@ -144,7 +159,7 @@ class Channel:
         new = {k: t.detach().contiguous() for k, t in pickler.new.items()}
         self.conn.send_bytes(pickle.dumps((batch, specs, buf.getvalue()), protocol=pickle.HIGHEST_PROTOCOL))
         for k, t in new.items():
-            self.conn.send_bytes(_raw(t))
+            _write_all(self.conn.fileno(), _raw(t))
             if batch is not None:
                 self._sent[k] = pickler.new[k]
 
@@ -155,7 +170,7 @@ class Channel:
         tensors = dict(self._held)
         for spec in specs:
             t = torch.empty(spec.shape, dtype=spec.dtype)
-            self.conn.recv_bytes_into(_raw(t))
+            _read_into(self.conn.fileno(), _raw(t))
             tensors[spec.key] = t.requires_grad_(spec.requires_grad)
         if batch is not None:
             self._held = tensors
@@ -237,7 +252,7 @@ class WorkerPool:
                     if on_result is not None:
                         on_result(task[2], value)
         except BaseException:
-            self.close()
+            self.close(wait=0.0)  # the run stops: do not wait for clients still training
             raise
         return results
 
@@ -254,15 +269,15 @@ class WorkerPool:
             "resume the run from its last checkpoint with fedmerge run --resume RUN_DIR"
         )
 
-    def close(self) -> None:
-        """Stop the workers: ask politely, then terminate those that do not exit."""
+    def close(self, wait: float = 5.0) -> None:
+        """Stop the workers: ask them to exit, then kill those still running after ``wait`` seconds."""
         for w in self._pool:
             try:
                 w.channel.send(None)
             except OSError:
                 pass
         for w in self._pool:
-            w.process.join(timeout=5)
+            w.process.join(timeout=wait)
             if w.process.is_alive():
                 w.process.kill()
                 w.process.join()
@@ -315,8 +330,17 @@ def _serve(conn: Connection, run_task: RunTask, parent_pid: int, others: list[Co
         try:
             reply: tuple[str, Any] = ("ok", run_task(*task))
         except Exception as exc:
-            reply = ("error", (_pickled(exc), f"{type(exc).__name__}: {exc}", traceback.format_exc()))
-        channel.send(reply)
+            reply = ("error", _error(exc))
+        try:
+            channel.send(reply)
+        except OSError:
+            return  # the parent is gone
+        except Exception as exc:  # a result that cannot travel (pickling fails before anything is sent)
+            channel.send(("error", _error(exc)))
+
+
+def _error(exc: BaseException) -> tuple[bytes | None, str, str]:
+    return _pickled(exc), f"{type(exc).__name__}: {exc}", traceback.format_exc()
 
 
 def _pickled(exc: BaseException) -> bytes | None:
