@@ -323,7 +323,7 @@ def _serve(conn: Connection, run_task: RunTask, parent_pid: int, others: list[Co
                 return
         try:
             task = channel.recv()
-        except EOFError:
+        except (EOFError, OSError):  # the parent is gone (killed: its end was reset)
             return
         if task is None:
             return
