@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import random
+from pathlib import Path
 from typing import Literal
 
 import pytest
@@ -58,7 +59,8 @@ def test_simulation_matches_local_engine_bit_for_bit(tmp_path, algorithm):
     assert local.summary["last"] == flower.summary["last"]
 
 
-SUPERFED = "configs/superfed_digits_pathological.yaml"  # TwoNN, batch 10: the issue's configuration
+# The configuration of issue 18: a TwoNN trained at batch 10.
+SUPERFED = Path(__file__).parent.parent / "configs" / "superfed_digits_pathological.yaml"
 SMALL_SUPERFED = ["rounds=2", "eval_every=2", "partition.num_clients=5", "algorithm.start_round=2"]
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import signal
+from pathlib import Path
 from typing import Literal
 
 import pytest
@@ -23,7 +24,7 @@ from fedmerge.experiment.config import ConfigError, experiment_model, load_confi
 from fedmerge.experiment.runner import run_experiment
 
 # The TwoNN of the shipped SuPerFed config, 5 clients x 2 classes: big enough for multi-threaded kernels.
-SUPERFED = "configs/superfed_digits_pathological.yaml"
+SUPERFED = Path(__file__).parent.parent / "configs" / "superfed_digits_pathological.yaml"
 SMALL_SUPERFED = ["rounds=2", "eval_every=2", "partition.num_clients=5", "algorithm.start_round=2"]
 
 
