@@ -1,27 +1,41 @@
 """Simulation efficiency: local training inside a FedAvg round vs. a plain centralized loop.
 
-Both train the same architecture on the same samples with the same batch size and optimizer,
-in one process. The ratio (federated samples/s divided by centralized samples/s) measures what
-the simulation costs on top of the raw training work: per-client model loading, optimizer
-construction, RNG, state copies and the server average. Target: >= 0.9.
+Both train the same architecture on the same samples with the same batches and optimizer, in one
+process on the same number of threads. The ratio (plain-loop seconds divided by federated seconds)
+measures what the simulation costs on top of the raw training work: per-client weight loading,
+optimizer construction, RNG seeding, state copies, bookkeeping. ``fit`` is the engine's fit phase
+alone, ``round`` adds the server average. Target: fit >= 0.97.
 
-    python benchmarks/sim_efficiency.py [--clients 20] [--samples 200] [--repeats 5] [--threads 1]
+Every option takes a comma-separated list; one line is printed per case (the product of the lists):
+
+    python benchmarks/sim_efficiency.py --model mlp,twocnn --batch-size 10,32 --clients 20,200 --threads 1,2
+    python benchmarks/sim_efficiency.py --model cnn-small --profile   # where a round's time goes
+
+Models: any registered name at its defaults, or ``cnn-small`` (TwoCNN with 8/16 channels, fc 64).
+``--clock cpu`` times this process's CPU time instead of wall time: on a machine shared with other
+jobs it removes the time the process waits for a core (meaningful with one thread only).
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
+import itertools
 import time
+from collections.abc import Callable
 from types import SimpleNamespace
 
 import torch
+from plain_loop import plain_loop
 from torch.nn import functional as F
 
 from fedmerge.algorithms.fedavg import FedAvg, FedAvgConfig
 from fedmerge.core.seeding import torch_generator
 from fedmerge.engines.local import LocalEngine
 from fedmerge.models import MODELS, build_model
+
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+clock = time.perf_counter
+PRESETS = {"cnn-small": ("twocnn", {"channels": (8, 16), "hidden": 64})}
 
 
 def load_samples(n: int) -> tuple[torch.Tensor, torch.Tensor, str]:
@@ -42,79 +56,119 @@ def load_samples(n: int) -> tuple[torch.Tensor, torch.Tensor, str]:
     raise SystemExit("no dataset available")
 
 
+def model_config(spec: str):
+    name, fields = PRESETS.get(spec, (spec, {}))
+    return MODELS.get(name).config(**fields)
+
+
+class Case:
+    """One FedAvg round's fit phase and the plain loop over the same samples and batches."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, model: str, batch: int, clients: int, samples: int) -> None:
+        model_cfg = model_config(model)
+        self.x, self.y, self.batch, self.clients, self.samples = x, y, batch, clients, samples
+
+        def factory(gen: torch.Generator) -> torch.nn.Module:
+            return build_model(model_cfg, tuple(x.shape[1:]), 10, generator=gen)
+
+        self.cfg = FedAvgConfig(lr=0.01, local_epochs=1, batch_size=batch)
+        data = [
+            SimpleNamespace(x_train=x[i * samples : (i + 1) * samples], y_train=y[i * samples : (i + 1) * samples])
+            for i in range(clients)
+        ]
+        self.algo = FedAvg(self.cfg, factory, clients, seed=0)
+        self.engine = LocalEngine(data, factory(torch_generator(0)), torch.device("cpu"), seed=0)
+        self.state = self.algo.init_server_state()
+        self.central = factory(torch_generator(0))
+
+    def federated_round(self, rnd: int) -> tuple[list[float], float]:
+        """(fit seconds of each client, aggregate seconds) of one round."""
+        payloads = self.algo.configure(self.state, rnd, list(range(self.clients)))
+        fit, updates = [], {}
+        for cid, payload in payloads.items():  # one client per call: each one timed on its own
+            t0 = clock()
+            updates.update(self.engine.fit(self.algo, rnd, {cid: payload}))
+            fit.append(clock() - t0)
+        t0 = clock()
+        self.state = self.algo.aggregate(self.state, rnd, updates)
+        return fit, clock() - t0
+
+    def centralized_epoch(self, rnd: int) -> list[float]:
+        """Seconds of the plain loop over each client's samples."""
+        gen = torch_generator(0, rnd, -1, "central")
+        parts = [(c.x_train, c.y_train) for c in self.engine.clients]
+        return [plain_loop(self.central, [part], self.batch, self.cfg.lr, 1, gen, clock=clock) for part in parts]
+
+    def client_overhead(self, repeats: int) -> float:
+        """Seconds a client costs besides its training steps: the fastest fit of a client that trains one
+        step, minus the fastest plain step on as many samples. Fixed per client, and robust to noise."""
+        one_step = FedAvg(self.cfg.model_copy(update={"local_steps": 1}), self.algo.model_factory, 1, seed=0)
+        payload = one_step.configure(self.state, 1, [0])
+        x0, y0 = self.engine.clients[0].x_train[: self.batch], self.engine.clients[0].y_train[: self.batch]
+        fed, plain = [], []
+        for r in range(repeats + 1):
+            t0 = clock()
+            self.engine.fit(one_step, r, payload)
+            fed.append(clock() - t0)
+            gen = torch_generator(r)
+            plain.append(plain_loop(self.central, [(x0, y0)], self.batch, self.cfg.lr, 1, gen, clock=clock))
+        return min(fed[1:]) - min(plain[1:])
+
+    def measure(self, repeats: int) -> tuple[float, float, float]:
+        """(fit, fit + aggregate, plain loop) seconds of a round: for each client (and the aggregation) the
+        fastest of the repeats, which are interleaved so that noise hits both alike. On a busy machine the
+        fastest time is the least disturbed one; whole rounds would be dominated by the noise."""
+        self.federated_round(0)  # warm-up: allocator, first optimizer construction
+        self.centralized_epoch(0)
+        fit, agg, plain = [float("inf")] * self.clients, float("inf"), [float("inf")] * self.clients
+        for r in range(1, repeats + 1):
+            f, a = self.federated_round(r)
+            fit, agg = [min(u, v) for u, v in zip(fit, f)], min(agg, a)
+            plain = [min(u, v) for u, v in zip(plain, self.centralized_epoch(r))]
+        return sum(fit), sum(fit) + agg, sum(plain)
+
+
+def csv(kind: type) -> Callable[[str], list]:
+    return lambda text: [kind(v) for v in text.split(",")]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--clients", type=int, default=20)
+    ap.add_argument("--model", type=csv(str), default=["twocnn"])
+    ap.add_argument("--batch-size", type=csv(int), default=[32])
+    ap.add_argument("--clients", type=csv(int), default=[20])
+    ap.add_argument("--threads", type=csv(int), default=[1])
     ap.add_argument("--samples", type=int, default=200, help="training samples per client")
-    ap.add_argument("--batch-size", type=int, default=32)
-    ap.add_argument("--model", default="twocnn")
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--clock", choices=sorted(CLOCKS), default="wall")
+    ap.add_argument("--profile", action="store_true", help="print a pyinstrument profile of one round per case")
     args = ap.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    global clock
+    clock = CLOCKS[args.clock]
 
-    n = args.clients * args.samples
-    x, y, source = load_samples(n)
-    model_cfg = MODELS.get(args.model).config()
-    num_classes = 10
-
-    def factory(gen: torch.Generator) -> torch.nn.Module:
-        return build_model(model_cfg, tuple(x.shape[1:]), num_classes, generator=gen)
-
-    cfg = FedAvgConfig(lr=0.01, local_epochs=1, batch_size=args.batch_size)
-    clients = [
-        SimpleNamespace(
-            x_train=x[i * args.samples : (i + 1) * args.samples],
-            y_train=y[i * args.samples : (i + 1) * args.samples],
-            x_val=x[:0],
-            y_val=y[:0],
-        )
-        for i in range(args.clients)
-    ]
-    algo = FedAvg(cfg, factory, args.clients, seed=0)
-    engine = LocalEngine(clients, factory(torch_generator(0)), torch.device("cpu"), seed=0)
-    state = algo.init_server_state()
-    selected = list(range(args.clients))
-
-    central = factory(torch_generator(0))
-
-    def federated_round(rnd: int) -> float:
-        nonlocal state
-        t0 = time.perf_counter()
-        updates = engine.fit(algo, rnd, algo.configure(state, rnd, selected))
-        state = algo.aggregate(state, rnd, updates)
-        return time.perf_counter() - t0
-
-    def centralized_epoch(rnd: int) -> float:
-        # The plain loop a user would write: one model, one optimizer, the same batches.
-        opt = torch.optim.SGD(central.parameters(), lr=cfg.lr)
-        central.train()
-        gen = torch_generator(0, rnd, -1, "central")
-        t0 = time.perf_counter()
-        for i in range(args.clients):  # same batch boundaries as the clients (no cross-client batches)
-            perm = torch.randperm(args.samples, generator=gen) + i * args.samples
-            for j in range(0, args.samples, args.batch_size):
-                idx = perm[j : j + args.batch_size]
-                opt.zero_grad(set_to_none=True)
-                F.cross_entropy(central(x[idx]), y[idx]).backward()
-                opt.step()
-        return time.perf_counter() - t0
-
-    federated_round(0)  # warm-up: imports, allocator, first optimizer construction
-    centralized_epoch(0)
-    fed, cen = [], []
-    for r in range(1, args.repeats + 1):  # interleaved, so machine noise hits both alike
-        fed.append(federated_round(r))
-        cen.append(centralized_epoch(r))
-    fed_sps, cen_sps = n / statistics.median(fed), n / statistics.median(cen)
+    x, y, source = load_samples(max(args.clients) * args.samples)
     print(
-        f"data={source} model={args.model} clients={args.clients}x{args.samples} batch={args.batch_size} "
-        f"threads={torch.get_num_threads()} repeats={args.repeats}"
+        f"data={source}, {args.samples} samples per client, FedAvg 1 local epoch, best of {args.repeats}, "
+        f"{args.clock} clock"
     )
-    print(f"federated round (fit + aggregate): {fed_sps:8.0f} samples/s  (median {statistics.median(fed):.3f} s)")
-    print(f"centralized loop                 : {cen_sps:8.0f} samples/s  (median {statistics.median(cen):.3f} s)")
-    print(f"ratio federated/centralized      : {fed_sps / cen_sps:.3f}  (target >= 0.9)")
+    for model, batch, clients, threads in itertools.product(args.model, args.batch_size, args.clients, args.threads):
+        torch.set_num_threads(threads)
+        case = Case(x, y, model, batch, clients, args.samples)
+        fit, rnd, plain = case.measure(args.repeats)
+        overhead = case.client_overhead(20 * args.repeats)
+        n = clients * args.samples
+        print(
+            f"model={model:<9} batch={batch:<3} clients={clients:<4} threads={threads}: "
+            f"fit/plain {plain / fit:.3f}  round/plain {plain / rnd:.3f}  (plain {n / plain:,.0f} samples/s); "
+            f"per client {overhead * 1e6:.0f} us besides training = {overhead * clients / plain:.1%} of it",
+            flush=True,
+        )
+        if args.profile:
+            from pyinstrument import Profiler
+
+            with Profiler(interval=0.0005) as profiler:
+                case.federated_round(args.repeats + 1)
+            print(profiler.output_text(unicode=False, color=False, show_all=False))
 
 
 if __name__ == "__main__":

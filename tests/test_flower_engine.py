@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import random
+from pathlib import Path
 from typing import Literal
 
 import pytest
@@ -17,7 +18,7 @@ from helpers import assert_runs_identical, quick_config, run
 
 from fedmerge.algorithms.fedavg import FedAvg, FedAvgConfig
 from fedmerge.core.algorithm import ALGORITHMS
-from fedmerge.experiment.config import experiment_model
+from fedmerge.experiment.config import experiment_model, load_config
 from fedmerge.experiment.results import RunStore
 
 flwr = pytest.importorskip("flwr", reason="Flower absent: pip install -e '.[flower]'")
@@ -56,6 +57,39 @@ def test_simulation_matches_local_engine_bit_for_bit(tmp_path, algorithm):
     flower = run(quick_config(*SMALL, *algorithm, "engine=flower", "flower.num_cpus=1"), tmp_path / "flower")
     assert_runs_identical(local.run_dir, flower.run_dir)
     assert local.summary["last"] == flower.summary["last"]
+
+
+# The configuration of issue 18: a TwoNN trained at batch 10.
+SUPERFED = Path(__file__).parent.parent / "configs" / "superfed_digits_pathological.yaml"
+SMALL_SUPERFED = ["rounds=2", "eval_every=2", "partition.num_clients=5", "algorithm.start_round=2"]
+
+
+def twonn_gradients(threads: int) -> list[torch.Tensor]:
+    from torch.nn import functional as F
+
+    from fedmerge.experiment.runner import load_data
+    from fedmerge.models import build_model
+
+    torch.set_num_threads(threads)
+    cfg = load_config(SUPERFED, SMALL_SUPERFED)
+    client = load_data(cfg).clients[0]
+    model = build_model(cfg.model, tuple(client.x_train.shape[1:]), 10, generator=torch.Generator().manual_seed(0))
+    batch = slice(0, cfg.algorithm.batch_size)
+    F.cross_entropy(model(client.x_train[batch]), client.y_train[batch]).backward()
+    return [p.grad for p in model.parameters()]
+
+
+def test_default_threads_give_the_local_numbers_on_flower_with_two_ray_cpus(tmp_path, monkeypatch):
+    pytest.importorskip("ray", reason="Flower simulation needs ray: pip install -e '.[flower]'")
+    # The control: for this model, 1 and 2 threads give different gradients (different reduction order).
+    assert not all(torch.equal(a, b) for a, b in zip(twonn_gradients(1), twonn_gradients(2)))
+    # A user's process: torch's default thread count (2 here), Ray free to set its workers' own.
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    torch.set_num_threads(2)
+    local = run(load_config(SUPERFED, SMALL_SUPERFED), tmp_path / "local")
+    torch.set_num_threads(2)
+    flower = run(load_config(SUPERFED, [*SMALL_SUPERFED, "engine=flower", "flower.num_cpus=2"]), tmp_path / "flower")
+    assert_runs_identical(local.run_dir, flower.run_dir)
 
 
 def test_client_that_raises_is_dropped_and_recorded(tmp_path):

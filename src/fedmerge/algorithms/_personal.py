@@ -17,11 +17,11 @@ from torch import nn
 
 from fedmerge.core.algorithm import ClientContext, ClientDataLike, StateDict
 from fedmerge.core.params import weighted_average
-from fedmerge.core.training import TrainStats, mean_loss, predict_logits
+from fedmerge.core.training import TrainStats, predict_logits
 from fedmerge.core.types import Update
 from fedmerge.metrics.classification import nll, topk_accuracy
 
-from .base import gap_subset
+from .base import gap_loss, gap_subset
 
 Weighting = Literal["samples", "uniform"]
 
@@ -131,7 +131,7 @@ class GapProbe:
 
     def __init__(self, data: ClientDataLike, ctx: ClientContext, samples: int) -> None:
         self.x, self.y = gap_subset(data, ctx, samples)
-        self.received = mean_loss(ctx.model, self.x, self.y)  # ctx.model must hold the received weights
+        self.received = gap_loss(ctx.model, self.x, self.y)  # ctx.model must hold the received weights
 
     def meta(self, ctx: ClientContext, data: ClientDataLike, stats: TrainStats, **extra: Any) -> dict[str, Any]:
         """Update meta; ``ctx.model`` must now hold the uploaded weights."""
@@ -140,6 +140,6 @@ class GapProbe:
             "train_loss": stats.loss,
             "steps": stats.steps,
             "loss_received": self.received,
-            "loss_trained": mean_loss(ctx.model, self.x, self.y),
+            "loss_trained": gap_loss(ctx.model, self.x, self.y),
             **extra,
         }

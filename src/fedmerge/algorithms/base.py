@@ -26,13 +26,20 @@ def model_weights(ctx: ClientContext) -> StateDict:
 def gap_subset(data: ClientDataLike, ctx: ClientContext, samples: int) -> tuple[torch.Tensor, torch.Tensor]:
     """A fixed subset (same every round) of up to ``samples`` training examples, for the local-global
     gap. Empty when ``samples`` is 0 (the default ``gap_samples``): the losses are then NaN, cost
-    nothing, and the round loop leaves the gap out."""
+    nothing (no draw, no forward pass: :func:`gap_loss`), and the round loop leaves the gap out."""
+    if samples == 0:
+        return data.x_train[:0], data.y_train[:0]
     n = int(data.y_train.shape[0])
     if n <= samples:
         return data.x_train, data.y_train
     gen = torch_generator(ctx.seed, NO_ROUND, ctx.cid, "local-gap")
     idx = torch.randperm(n, generator=gen)[:samples].to(data.y_train.device)
     return data.x_train[idx], data.y_train[idx]
+
+
+def gap_loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
+    """The training loss on a :func:`gap_subset`; NaN, without touching the model, when it is empty."""
+    return mean_loss(model, x, y) if y.numel() else float("nan")
 
 
 def train_received(
@@ -53,7 +60,7 @@ def train_received(
     """
     load_weights(ctx, weights)
     xg, yg = gap_subset(data, ctx, cfg.gap_samples)
-    received = mean_loss(ctx.model, xg, yg)
+    received = gap_loss(ctx.model, xg, yg)
     stats = local_sgd(
         ctx.model, data.x_train, data.y_train, cfg, ctx.generator("train"),
         extra_loss=extra_loss, before_step=before_step, after_step=after_step,
@@ -63,7 +70,7 @@ def train_received(
         "train_loss": stats.loss,
         "steps": stats.steps,
         "loss_received": received,
-        "loss_trained": mean_loss(ctx.model, xg, yg),
+        "loss_trained": gap_loss(ctx.model, xg, yg),
     }
 
 

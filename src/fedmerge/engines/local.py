@@ -1,8 +1,11 @@
-"""In-process engine: clients run one after another on one reused model object."""
+"""In-process engine: clients run one after another on one reused model object, or on one model
+object in each of ``workers`` forked worker processes (:mod:`.workers`), with the same numbers."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
+from typing import Any
 
 import torch
 from torch import nn
@@ -14,15 +17,18 @@ from fedmerge.core.types import ClientState, Payload, ServerState, Update
 from fedmerge.metrics import classification_metrics
 
 from .evaluation import evaluate_client, seed_global_rng
+from .workers import WorkerPool
 
 Metrics = dict[str, float]
 
 
 class LocalEngine:
-    """Runs client updates sequentially in this process.
+    """Runs client updates sequentially in this process, or in ``workers`` worker processes.
 
     Holds the client data (already on ``device``), one model object reused by every client,
-    and the ClientState store keyed by client id.
+    and the ClientState store keyed by client id. Worker processes are forked on the first call
+    and inherit all of it; the states stay here and travel with each task. Use the engine as a
+    context manager (or call :meth:`close`) to stop the workers.
     """
 
     def __init__(
@@ -34,6 +40,7 @@ class LocalEngine:
         pooled_test: Callable[[], tuple[torch.Tensor, torch.Tensor]] | None = None,
         eval_batch_size: int = 1024,
         on_client_done: Callable[[int], None] | None = None,
+        workers: int = 1,
     ) -> None:
         self.clients = clients
         self.model = model.to(device)
@@ -43,6 +50,21 @@ class LocalEngine:
         self.eval_batch_size = eval_batch_size
         self.on_client_done = on_client_done
         self._states: dict[int, ClientState] = {}
+        self.workers = workers
+        self._pool: WorkerPool | None = None
+        self._pool_algorithm: Algorithm | None = None
+
+    def __enter__(self) -> LocalEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop the worker processes, if any (a later call forks new ones)."""
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = self._pool_algorithm = None
 
     # --- client state store --------------------------------------------------------------
     def client_states(self) -> dict[int, ClientState]:
@@ -51,40 +73,79 @@ class LocalEngine:
     def load_client_states(self, states: dict[int, ClientState]) -> None:
         self._states = {cid: s.to(self.device) for cid, s in states.items()}
 
-    def _state(self, algorithm: Algorithm, cid: int) -> ClientState:
-        if cid not in self._states:
-            self._states[cid] = algorithm.init_client_state(cid).to(self.device)
-        return self._states[cid]
-
     def _context(self, rnd: int, cid: int, purpose: str) -> ClientContext:
         # Seed torch's global RNG per (round, client) too, so any module that draws from it
         # (e.g. dropout) is reproducible and independent of client order.
         seed_global_rng(derive_seed(self.seed, rnd, cid, f"global-rng/{purpose}"), self.device)
         return ClientContext(self.model, self.device, self.seed, rnd, cid)
 
+    # --- one client's work (here or in a worker process) ------------------------------------
+    def _fit_one(
+        self, algorithm: Algorithm, rnd: int, cid: int, payload: Payload, state: ClientState | None
+    ) -> tuple[Update, ClientState]:
+        ctx = self._context(rnd, cid, "fit")
+        payload = payload.to(self.device)
+        # A new client's state is made after seeding, as an initialiser drawing from torch's global RNG expects.
+        if state is None:
+            state = algorithm.init_client_state(cid).to(self.device)
+        return algorithm.client_update(payload, self.clients[cid], state, ctx)
+
+    def _evaluate_one(
+        self, algorithm: Algorithm, rnd: int, cid: int, payload: Payload, state: ClientState | None
+    ) -> tuple[Metrics, ClientState | None]:
+        """The client's metrics, and its state when it had none yet (evaluation changes no state)."""
+        ctx = self._context(rnd, cid, "evaluate")
+        payload = payload.to(self.device)
+        new = algorithm.init_client_state(cid).to(self.device) if state is None else None
+        return evaluate_client(algorithm, payload, self.clients[cid], state or new, ctx, self.eval_batch_size), new
+
+    def _run_task(self, algorithm: Algorithm, kind: str, rnd: int, cid: int, payload: Payload, state: Any) -> Any:
+        one = self._fit_one if kind == "fit" else self._evaluate_one
+        return one(algorithm, rnd, cid, payload, state)
+
+    def _map(
+        self,
+        algorithm: Algorithm,
+        kind: str,
+        rnd: int,
+        payloads: dict[int, Payload],
+        on_result: Callable[[int, Any], None],
+    ) -> None:
+        """Run ``kind`` for each client in client-id order, here or in the workers; ``on_result``
+        receives each client's result (in the workers' case, in the order they finish)."""
+        if self.workers == 1:
+            for cid in sorted(payloads):
+                on_result(cid, self._run_task(algorithm, kind, rnd, cid, payloads[cid], self._states.get(cid)))
+            return
+        if self._pool_algorithm is not algorithm:
+            self.close()
+            self._pool = WorkerPool(self.workers, partial(self._run_task, algorithm))
+            self._pool_algorithm = algorithm
+        tasks = [(kind, rnd, cid, payloads[cid], self._states.get(cid)) for cid in sorted(payloads)]
+        self._pool.map(tasks, on_result)
+
     # --- rounds --------------------------------------------------------------------------
     def fit(self, algorithm: Algorithm, rnd: int, payloads: dict[int, Payload]) -> dict[int, Update]:
         updates: dict[int, Update] = {}
-        for cid in sorted(payloads):
-            ctx = self._context(rnd, cid, "fit")
-            update, new_state = algorithm.client_update(
-                payloads[cid].to(self.device), self.clients[cid], self._state(algorithm, cid), ctx
-            )
-            self._states[cid] = new_state
-            updates[cid] = update
+
+        def done(cid: int, result: tuple[Update, ClientState]) -> None:
+            updates[cid], self._states[cid] = result
             if self.on_client_done is not None:
                 self.on_client_done(cid)
-        return updates
+
+        self._map(algorithm, "fit", rnd, payloads, done)
+        return {cid: updates[cid] for cid in sorted(updates)}
 
     def evaluate(self, algorithm: Algorithm, rnd: int, payloads: dict[int, Payload]) -> dict[int, Metrics]:
         results: dict[int, Metrics] = {}
-        for cid in sorted(payloads):
-            data = self.clients[cid]
-            ctx = self._context(rnd, cid, "evaluate")
-            payload = payloads[cid].to(self.device)
-            state = self._state(algorithm, cid)
-            results[cid] = evaluate_client(algorithm, payload, data, state, ctx, self.eval_batch_size)
-        return results
+
+        def done(cid: int, result: tuple[Metrics, ClientState | None]) -> None:
+            results[cid], new_state = result
+            if new_state is not None:
+                self._states[cid] = new_state
+
+        self._map(algorithm, "evaluate", rnd, payloads, done)
+        return {cid: results[cid] for cid in sorted(results)}
 
     def evaluate_global(self, algorithm: Algorithm, state: ServerState) -> Metrics | None:
         weights = algorithm.global_model(state)

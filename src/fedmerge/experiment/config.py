@@ -91,10 +91,12 @@ class RunSettings(BaseModel):
     output_dir: str = Field("runs", description="where run folders are created")
     eval_batch_size: int = Field(1024, ge=1, description="batch size of evaluation (memory only, not results)")
     threads: int | None = Field(
-        None,
+        1,
         ge=1,
-        description="torch intra-op CPU threads (None: torch's default); 1 is fastest for tiny models",
+        description="torch intra-op CPU threads for client and server work, the same in every engine and worker: "
+        "the thread count changes the numbers (reduction order); null: the machine's default, not portable",
     )
+    workers: int = Field(1, ge=1, description="engine=local: processes running clients in parallel (threads=1 each)")
 
 
 @cache

@@ -33,6 +33,7 @@ from fedmerge.algorithms.base import train_received
 from fedmerge.core.algorithm import ClientContext
 from fedmerge.core.seeding import torch_generator
 from fedmerge.core.training import LocalTraining
+from fedmerge.engines.workers import set_threads
 from fedmerge.models import build_model
 
 from .config import ConfigError
@@ -74,8 +75,7 @@ def collect_samples(cfg: BaseModel, repeats: int, log: Callable[[str], None] = p
     from scipy.optimize import nnls
 
     device = resolve_device(cfg.device)
-    if cfg.threads is not None:
-        torch.set_num_threads(cfg.threads)
+    set_threads(cfg.threads)
     data = load_data(cfg).to(device)
 
     def factory(gen: torch.Generator) -> torch.nn.Module:

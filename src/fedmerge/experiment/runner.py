@@ -28,6 +28,7 @@ from fedmerge.core.loop import Engine, Schedule, run_rounds
 from fedmerge.core.types import ServerState
 from fedmerge.data import DataUnavailable, FederatedDataset, build_federated_dataset
 from fedmerge.engines.local import LocalEngine
+from fedmerge.engines.workers import set_threads, workers_problem
 from fedmerge.models import build_model, count_parameters
 
 from .config import ConfigError, FlowerSettings, config_warnings, load_config, to_yaml
@@ -38,7 +39,7 @@ from .summary import TIMING_KEYS, build_summary, summarize_eval, summary_markdow
 from .tensorboard_log import ScalarLog, require_tensorboard
 from .tuned import load_tuned_config
 
-RESUME_OVERRIDABLE = {"rounds", "device", "eval_batch_size"}
+RESUME_OVERRIDABLE = {"rounds", "device", "eval_batch_size", "workers"}
 
 
 @dataclass
@@ -155,8 +156,9 @@ def run_experiment(
     if cfg.log is not None and cfg.log.tensorboard:
         require_tensorboard()
     device = resolve_device(cfg.device)
-    if cfg.threads is not None:
-        torch.set_num_threads(cfg.threads)
+    if (problem := workers_problem(cfg.workers, cfg.threads, device, cfg.engine)) is not None:
+        raise ConfigError(problem)
+    set_threads(cfg.threads)
     # Everything that can be refused is checked before the run folder exists; token datasets declare
     # their input shape, so a model that cannot read tokens is refused before the (slow) tokenization.
     tokens = cfg.dataset.token_length()
@@ -340,14 +342,16 @@ def _open_engine(
     # no test split (withheld while tuning): no global-model test either
     pooled_test = data.pooled_test if any(c.n_test for c in data.clients) else None
     if cfg.engine != "flower" and grid is None:
-        yield LocalEngine(
+        with LocalEngine(
             data.clients,
             model,
             device,
             cfg.seed,
             pooled_test=pooled_test,
             eval_batch_size=cfg.eval_batch_size,
-        )
+            workers=cfg.workers,
+        ) as engine:
+            yield engine
         return
     from fedmerge.engines.flower.engine import FlowerEngine, FlowerOptions
     from fedmerge.engines.flower.simulation import SimulationOptions, simulation

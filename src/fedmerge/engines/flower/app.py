@@ -24,7 +24,7 @@ server_app = ServerApp()
 
 @server_app.main()
 def main(grid: Grid, context: Context) -> None:
-    from fedmerge.experiment.runner import run_from_files
+    from fedmerge.experiment.runner import RESUME_OVERRIDABLE, run_from_files
 
     rc = context.run_config
     overrides = [*shlex.split(str(rc.get("overrides", ""))), "engine=flower"]
@@ -32,7 +32,7 @@ def main(grid: Grid, context: Context) -> None:
         overrides.append(f"output_dir={rc['output-dir']}")
     resume = str(rc.get("resume", "")) or None
     if resume:  # only settings that may change on resume; the run folder's config.yaml has the rest
-        overrides = [o for o in overrides if o.partition("=")[0] in ("rounds", "device", "eval_batch_size")]
+        overrides = [o for o in overrides if o.partition("=")[0] in RESUME_OVERRIDABLE]
     result = run_from_files(
         str(rc.get("config", "")) or None, overrides, resume_dir=resume, show_progress=False, grid=grid
     )

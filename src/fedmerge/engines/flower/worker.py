@@ -19,6 +19,7 @@ from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from fedmerge.core.algorithm import ALGORITHMS, Algorithm
 from fedmerge.core.types import ClientState, Payload
 from fedmerge.engines.local import LocalEngine
+from fedmerge.engines.workers import set_threads
 
 from .client import partition_id
 from .protocol import JOB, METRICS, PAYLOAD, STATE, STATE_KEY, UPDATE
@@ -56,8 +57,7 @@ def _build_worker(experiment: dict, algorithm_module: str) -> _Worker:
         importlib.import_module(algorithm_module)  # an algorithm registered outside fedmerge.algorithms
         experiment_model.cache_clear()
     cfg = validate(experiment)
-    if cfg.threads is not None:
-        torch.set_num_threads(cfg.threads)
+    set_threads(cfg.threads)  # as on the server and in the local engine: the same numbers
     device = resolve_device(cfg.device)
     data = load_data(cfg).to(device)
 
