@@ -388,6 +388,48 @@ def partition(
         out.print(f"plot saved to {plot}", soft_wrap=True, highlight=False)
 
 
+@app.command("export-clients")
+def export_clients_cmd(
+    args: list[str] = typer.Argument(
+        None, metavar="[CONFIG] [KEY=VALUE...] OUT_DIR", help="a config and overrides as for run, then the folder"
+    ),
+    force: bool = typer.Option(False, "--force", help="write into a non-empty folder, replacing its client files"),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="progress bar"),
+) -> None:
+    """Write one self-contained file per client (its train/val/test tensors, classes, input shape),
+    so that each node of a deployment holds only its own data."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    from fedmerge.data.client_files import check_out_dir, export_clients, source_digest
+    from fedmerge.experiment.config import load_config
+    from fedmerge.experiment.runner import load_data
+
+    args = list(args or [])
+    if not args or "=" in args[-1]:
+        _fail("missing OUT_DIR: fedmerge export-clients [CONFIG] [KEY=VALUE...] OUT_DIR", 2)
+    config_path, overrides = _split_args(args[:-1])
+    out_dir = Path(args[-1])
+    try:
+        cfg = load_config(config_path, overrides)
+        check_out_dir(out_dir, force=force)  # before the (slow) data build
+        data = load_data(cfg)
+        digest = source_digest(cfg.model_dump(mode="json", include={"dataset", "partition", "split", "noise", "seed"}))
+        columns = (TextColumn("export-clients"), BarColumn(), MofNCompleteColumn())
+        with Progress(*columns, console=err, transient=True, disable=not progress) as bar:
+            task = bar.add_task("", total=data.num_clients)
+            paths = export_clients(
+                data, out_dir, source_digest=digest, force=force, on_written=lambda _: bar.advance(task)
+            )
+    except _user_errors() as exc:
+        _fail(str(exc), 2)
+    shape = "x".join(map(str, data.input_shape))
+    out.print(
+        f"wrote {len(paths)} client files to {out_dir} ({data.name}, {data.num_classes} classes, input {shape})",
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
 plot_app = typer.Typer(no_args_is_help=True, help="Plots drawn from run folders.")
 app.add_typer(plot_app, name="plot")
 

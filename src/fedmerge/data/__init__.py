@@ -4,7 +4,7 @@ Importing this package registers every built-in dataset in ``DATASETS`` and part
 """
 
 from fedmerge.data import sources  # noqa: F401  (registers the datasets)
-from fedmerge.data.errors import DataUnavailable
+from fedmerge.data.errors import ClientFileError, DataUnavailable
 from fedmerge.data.federated import ClientData, FederatedDataset, build_federated_dataset
 from fedmerge.data.noise import NoiseConfig, apply_label_noise
 from fedmerge.data.partitioners import MIN_CLIENT_SAMPLES, PARTITIONERS, Partition, PartitionConfig
@@ -17,6 +17,7 @@ __all__ = [
     "MIN_CLIENT_SAMPLES",
     "PARTITIONERS",
     "ClientData",
+    "ClientFileError",
     "DataUnavailable",
     "DatasetConfig",
     "FederatedDataset",

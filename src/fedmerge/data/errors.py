@@ -5,3 +5,8 @@ from __future__ import annotations
 
 class DataUnavailable(RuntimeError):
     """A dataset's files are not on this machine; the message says how to install or point to them."""
+
+
+class ClientFileError(DataUnavailable):
+    """An exported client file (``fedmerge export-clients``) is missing, damaged, not one, or does not
+    agree with the other nodes' files. A DataUnavailable: every user-error handler shows it in one line."""

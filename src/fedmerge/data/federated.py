@@ -57,6 +57,7 @@ class FederatedDataset:
     num_classes: int
     input_shape: tuple[int, ...]
     name: str
+    class_names: list[str] | None = None  # from the dataset when it names its classes
 
     @property
     def num_clients(self) -> int:
@@ -233,4 +234,5 @@ def build_federated_dataset(
                 y_train_clean=None if y_clean is None else labels(y_clean),
             )
         )
-    return FederatedDataset(clients, pool.num_classes, tuple(pool.x.shape[1:]), pool.name)
+    class_names = None if pool.class_names is None else [str(c) for c in pool.class_names]
+    return FederatedDataset(clients, pool.num_classes, tuple(pool.x.shape[1:]), pool.name, class_names)
