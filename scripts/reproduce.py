@@ -201,6 +201,18 @@ def row_runs(study: dict[str, Any], runs: Path, label: str, point: int) -> list[
     return out
 
 
+def ari_of(summary: dict[str, Any]) -> float | None:
+    """Adjusted Rand index of the method's client-to-model assignment vs. the true groups, if any."""
+    return (summary.get("cluster_recovery") or {}).get("ari")
+
+
+def ari_text(rr: list[tuple[int, dict[str, Any], Path]]) -> str:
+    values = [a for _, s, _ in rr if (a := ari_of(s)) is not None]
+    if not values:
+        return "-"
+    return f"{values[0]:.2f}" if len(values) == 1 else f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}"
+
+
 def commits_of(folders: list[Path]) -> set[str]:
     return {(seg.get("commit") or "?")[:8] + ("+dirty" if seg.get("dirty") else "") for f in folders for seg in
             read_provenance(f)}  # fmt: skip
@@ -217,6 +229,7 @@ def results_json(study: dict[str, Any], runs: Path, chosen: dict[str, int], ref:
             "seeds": [seed for seed, _, _ in rr],
             "best_val": [s["best_val"]["clients"]["test_acc"]["mean"] for _, s, _ in rr],
             "last": [s["last"]["clients"]["test_acc"]["mean"] for _, s, _ in rr],
+            "ari": [a for _, s, _ in rr if (a := ari_of(s)) is not None],
         }
     for seed in study["seeds"]:
         loc, fed = (summary_of(runs, run_key(r, chosen[r], seed)) for r in (local, fedavg))
@@ -281,17 +294,19 @@ def report(study: dict[str, Any], runs: Path, chosen: dict[str, int], ref: dict[
         "",
         f"Mean client test top-1 (%), mean ± std over seeds {study['seeds']}. Each row's hyper-parameters were "
         f"chosen on the validation split of seed {study.get('tune_seed', study['seeds'][0])} from "
-        f"{len(grid_points(study['methods'][0]))} grid points (the same budget for every row).",
+        f"{len(grid_points(study['methods'][0]))} grid points (the same budget for every row). ARI: adjusted Rand "
+        "index of each client's argmax merge weight (IFCA: cluster; FedEM: argmax of its mixture weights) against "
+        "its true group, at the last round.",
         "",
-        "| method | chosen | seeds | best-val round | last round | server params | per-client comm (down/up) | "
+        "| method | chosen | seeds | best-val round | last round | ARI | server params | per-client comm (down/up) | "
         "commits |",
-        "|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for label, m in labels.items():
         point = grid_points(m)[chosen[label]]
         rr = row_runs(study, runs, label, chosen[label])
         if not rr:
-            lines.append(f"| {label} | - | 0 | - | - | - | - | - |")
+            lines.append(f"| {label} | - | 0 | - | - | - | - | - | - |")
             continue
         best = [s["best_val"]["clients"]["test_acc"]["mean"] for _, s, _ in rr]
         last = [s["last"]["clients"]["test_acc"]["mean"] for _, s, _ in rr]
@@ -299,7 +314,8 @@ def report(study: dict[str, Any], runs: Path, chosen: dict[str, int], ref: dict[
         commits = commits_of([f for _, _, f in rr])
         chosen_txt = ", ".join(f"{k.split('.')[-1]}={v}" for k, v in point.items()) or "-"
         lines.append(
-            f"| {label} | {chosen_txt} | {len(rr)} | {pct(best)} | {pct(last)} | {b.get('server_stored', 0):,.0f} | "
+            f"| {label} | {chosen_txt} | {len(rr)} | {pct(best)} | {pct(last)} | {ari_text(rr)} | "
+            f"{b.get('server_stored', 0):,.0f} | "
             f"{b.get('down_per_client_round', 0):,.0f} / {b.get('up_per_client_round', 0):,.0f} | "
             f"{', '.join(sorted(commits))}{' (mixed)' if len(commits) > 1 else ''} |"
         )
