@@ -48,8 +48,12 @@ experiment_model.cache_clear()  # the schema is built once; rebuild it with the 
 # --- Flower's simulation runtime (Ray) ------------------------------------------------------------
 @pytest.mark.parametrize(
     "algorithm",
-    [["algorithm.name=fedavg"], ["algorithm.name=fedprox", "algorithm.mu=0.1", "participation=0.5"]],
-    ids=["fedavg", "fedprox-partial"],
+    [
+        ["algorithm.name=fedavg"],
+        ["algorithm.name=fedprox", "algorithm.mu=0.1", "participation=0.5"],
+        ["algorithm.name=ditto", "participation=0.5", "eval_clients=sample:2"],  # the loop picks whom to evaluate
+    ],
+    ids=["fedavg", "fedprox-partial", "ditto-eval-sample"],
 )
 def test_simulation_matches_local_engine_bit_for_bit(tmp_path, algorithm):
     pytest.importorskip("ray", reason="Flower simulation needs ray: pip install -e '.[flower]'")

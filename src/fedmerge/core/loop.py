@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Protocol
 
 import numpy as np
@@ -35,6 +36,21 @@ class Engine(Protocol):
     def load_client_states(self, states: dict[int, ClientState]) -> None: ...
 
 
+EVAL_CLIENTS_HELP = "all, participants (that round's) or sample:K (K clients, the same in every round and method)"
+
+
+def parse_eval_clients(text: str) -> tuple[str, int]:
+    """``all`` -> ("all", 0), ``participants`` -> ("participants", 0), ``sample:K`` -> ("sample", K).
+
+    Raises ValueError with a one-line message for anything else (e.g. ``sample:0``, ``sample:x``)."""
+    if text in ("all", "participants"):
+        return text, 0
+    kind, sep, count = text.partition(":")
+    if kind == "sample" and sep and count.isdigit() and int(count) > 0:
+        return "sample", int(count)
+    raise ValueError(f"expected {EVAL_CLIENTS_HELP}")
+
+
 @dataclass(frozen=True)
 class Schedule:
     rounds: int
@@ -42,6 +58,10 @@ class Schedule:
     participation: float = 1.0
     eval_every: int = 1
     seed: int = 0
+    eval_clients: str = "all"
+
+    def __post_init__(self) -> None:
+        parse_eval_clients(self.eval_clients)  # fail at construction, not at the first evaluation
 
     def sample(self, rnd: int) -> list[int]:
         """Clients selected in round ``rnd``: a seeded stream, independent of earlier rounds."""
@@ -54,13 +74,31 @@ class Schedule:
     def is_eval_round(self, rnd: int) -> bool:
         return rnd % self.eval_every == 0 or rnd == self.rounds
 
+    def evaluated(self, rnd: int, selected: list[int]) -> list[int]:
+        """Clients whose personalised models are evaluated in round ``rnd`` (``selected``: its participants)."""
+        kind, _ = parse_eval_clients(self.eval_clients)
+        if kind == "participants":
+            return sorted(selected)
+        if kind == "sample":
+            return list(self._eval_sample)
+        return list(range(self.num_clients))
+
+    @cached_property
+    def _eval_sample(self) -> tuple[int, ...]:
+        # keyed by the seed and a purpose only (no round, no method): every round and every method
+        # of an experiment evaluates the same clients, so comparisons stay paired
+        _, k = parse_eval_clients(self.eval_clients)
+        if k >= self.num_clients:
+            return tuple(range(self.num_clients))
+        rng = numpy_rng(self.seed, purpose="eval-clients")
+        return tuple(sorted(int(c) for c in rng.choice(self.num_clients, size=k, replace=False)))
+
 
 RoundCallback = Callable[[int, ServerState, dict[str, Any]], None]
 
 
-def evaluate_all(algorithm: Algorithm, engine: Engine, state: ServerState, rnd: int, num_clients: int) -> dict:
-    """Per-client personalised metrics for every client, plus the global model's pooled test."""
-    cids = list(range(num_clients))
+def evaluate_clients(algorithm: Algorithm, engine: Engine, state: ServerState, rnd: int, cids: list[int]) -> dict:
+    """Per-client personalised metrics for the clients ``cids``, plus the global model's pooled test."""
     per_client = engine.evaluate(algorithm, rnd, algorithm.configure_evaluate(state, rnd, cids))
     return {
         "clients": {int(c): m for c, m in sorted(per_client.items())},
@@ -108,7 +146,8 @@ def run_rounds(
             record["server"] = report
         if schedule.is_eval_round(rnd):
             t1 = time.perf_counter()
-            record["eval"] = evaluate_all(algorithm, engine, state, rnd, schedule.num_clients)
+            evaluated = schedule.evaluated(rnd, selected)
+            record["eval"] = evaluate_clients(algorithm, engine, state, rnd, evaluated)
             record["eval_seconds"] = time.perf_counter() - t1
         if on_round_end is not None:
             on_round_end(rnd, state, record)

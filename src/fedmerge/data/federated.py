@@ -13,7 +13,7 @@ from fedmerge.core.registry import ComponentConfig
 from fedmerge.core.seeding import numpy_rng
 from fedmerge.data.noise import NoiseConfig, apply_label_noise
 from fedmerge.data.partitioners import PARTITIONERS
-from fedmerge.data.pool import load_pool, standardize
+from fedmerge.data.pool import Pool, load_pool, standardize
 from fedmerge.data.split import SplitConfig, split_indices
 from fedmerge.data.transforms import rotate_images
 
@@ -188,7 +188,13 @@ def build_federated_dataset(
     Every random step has its own generator keyed by the seed (and client id), so changing, say, the
     noise does not change the partition or the splits.
     """
-    pool = load_pool(dataset_cfg)
+    return federate(load_pool(dataset_cfg), partition_cfg, split_cfg, noise_cfg, seed)
+
+
+def federate(
+    pool: Pool, partition_cfg: ComponentConfig | dict, split_cfg: SplitConfig, noise_cfg: NoiseConfig, seed: int
+) -> FederatedDataset:
+    """:func:`build_federated_dataset` on an already loaded pool."""
     pcfg = PARTITIONERS.parse(partition_cfg) if isinstance(partition_cfg, dict) else partition_cfg
     partition = PARTITIONERS.get(pcfg.name).obj(pcfg, pool, numpy_rng(seed, purpose="partition"))
     partition.validate(len(pool))
@@ -211,8 +217,12 @@ def build_federated_dataset(
             x = rotate_images(x, partition.rotations[cid])
         y = pool.y[idx]
         train, val, test = splits[cid]
-        y_train, y_clean = apply_label_noise(
-            y[train], noise_cfg, pool.num_classes, numpy_rng(seed, client_id=cid, purpose="noise")
+        y_train, y_clean = (
+            (y[train], None)  # no generator to make per client when there is no noise
+            if noise_cfg.kind == "none"
+            else apply_label_noise(
+                y[train], noise_cfg, pool.num_classes, numpy_rng(seed, client_id=cid, purpose="noise")
+            )
         )
 
         def labels(a: np.ndarray) -> torch.Tensor:

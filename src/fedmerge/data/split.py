@@ -47,12 +47,20 @@ def split_indices(
     class mix.
     """
     n = len(labels)
+    # the classes' positions, grouped in class order and ascending within a class (as np.unique and
+    # np.flatnonzero would give them): only the random draws stay per class, in the same order
+    by_class = np.argsort(labels, kind="stable")
+    grouped = labels[by_class]
+    starts = np.flatnonzero(grouped[1:] != grouped[:-1]) + 1
+    starts = np.concatenate(([0], starts)) if n else starts
+    sizes = np.diff(starts, append=n)
+    pos, jitter = by_class, np.empty(n)
+    for start, end in zip(starts.tolist(), (starts + sizes).tolist()):
+        rng.shuffle(pos[start:end])  # the draws of rng.permutation of that class's positions
+        jitter[start:end] = rng.random(end - start)
     keys = np.empty(n)
-    for c in np.unique(labels):
-        pos = rng.permutation(np.flatnonzero(labels == c))
-        jitter = rng.random(len(pos))
-        keys[pos] = (np.arange(len(pos)) + jitter) / len(pos)
-        keys[pos[0]] = jitter[0] - 1.0
+    keys[pos] = (np.arange(n) - np.repeat(starts, sizes) + jitter) / np.repeat(sizes, sizes)
+    keys[pos[starts]] = jitter[starts] - 1.0  # each class's first sample goes to the front
     order = np.argsort(keys, kind="stable")
     n_train, n_val, _ = split_sizes(n, cfg)
     return order[:n_train], order[n_train : n_train + n_val], order[n_train + n_val :]

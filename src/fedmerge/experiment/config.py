@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
 
 from fedmerge.algorithms import ALGORITHMS
+from fedmerge.core.loop import EVAL_CLIENTS_HELP, parse_eval_clients
 from fedmerge.core.registry import Registry
 from fedmerge.data import DATASETS, PARTITIONERS, NoiseConfig, SplitConfig
 from fedmerge.models import MODELS
@@ -80,6 +81,8 @@ class RunSettings(BaseModel):
     rounds: int = Field(20, ge=1, description="communication rounds")
     participation: float = Field(1.0, gt=0, le=1, description="fraction of clients sampled per round")
     eval_every: int = Field(1, ge=1, description="evaluate every this many rounds (and always the last)")
+    # "all" is omitted from config.yaml and the config digest so that existing run folders stay unchanged
+    eval_clients: str = Field("all", description=f"whose personalised models are evaluated: {EVAL_CLIENTS_HELP}")
     checkpoint_every: int = Field(1, ge=1, description="checkpoint every this many rounds (and always the last)")
     keep_checkpoints: int = Field(2, ge=1, description="checkpoint files kept in RUN_DIR/checkpoints")
     engine: Literal["local", "flower"] = Field("local", description="local: in-process; flower: Flower (simulation)")
@@ -97,6 +100,12 @@ class RunSettings(BaseModel):
         "the thread count changes the numbers (reduction order); null: the machine's default, not portable",
     )
     workers: int = Field(1, ge=1, description="engine=local: processes running clients in parallel (threads=1 each)")
+
+    @field_validator("eval_clients")
+    @classmethod
+    def _valid_eval_clients(cls, value: str) -> str:
+        parse_eval_clients(value)
+        return value
 
 
 @cache
@@ -329,6 +338,11 @@ def config_warnings(cfg: BaseModel) -> list[str]:
     return warnings
 
 
+def defaults_left_out(cfg: BaseModel) -> set[str]:
+    """Keys added after run folders existed, left out of config.yaml (and the digest) at their default."""
+    return {"eval_clients"} if getattr(cfg, "eval_clients", "all") == "all" else set()
+
+
 def to_yaml(cfg: BaseModel) -> str:
-    exclude = {k for k in ("flower", "log") if getattr(cfg, k, None) is None}
+    exclude = {k for k in ("flower", "log") if getattr(cfg, k, None) is None} | defaults_left_out(cfg)
     return yaml.safe_dump(cfg.model_dump(mode="json", exclude=exclude or None), sort_keys=False)

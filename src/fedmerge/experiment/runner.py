@@ -31,7 +31,7 @@ from fedmerge.engines.local import LocalEngine
 from fedmerge.engines.workers import set_threads, workers_problem
 from fedmerge.models import build_model, count_parameters
 
-from .config import ConfigError, FlowerSettings, config_warnings, load_config, to_yaml
+from .config import ConfigError, FlowerSettings, config_warnings, defaults_left_out, load_config, to_yaml
 from .progress import RoundProgress
 from .provenance import record_segment
 from .results import CHECKPOINT_DIR, CONFIG_FILE, RunStore, new_run_dir
@@ -118,7 +118,7 @@ def _first_line(exc: BaseException) -> str:
 def config_digest(cfg: BaseModel) -> str:
     # Engine tuning (``flower``: timeouts, retries) and extra outputs (``log``) do not change the
     # numbers a run produces.
-    fixed = cfg.model_dump(mode="json", exclude=RESUME_OVERRIDABLE | {"flower", "log"})
+    fixed = cfg.model_dump(mode="json", exclude=RESUME_OVERRIDABLE | {"flower", "log"} | defaults_left_out(cfg))
     return hashlib.sha256(repr(sorted(fixed.items())).encode()).hexdigest()
 
 
@@ -238,7 +238,7 @@ def _run(
     segment: _Segment,
 ) -> RunResult:
     num_clients = len(groups)
-    schedule = Schedule(cfg.rounds, num_clients, cfg.participation, cfg.eval_every, cfg.seed)
+    schedule = Schedule(cfg.rounds, num_clients, cfg.participation, cfg.eval_every, cfg.seed, cfg.eval_clients)
 
     start_round = 0
     earlier_seconds = 0.0  # wall time of the earlier segments of a resumed run

@@ -37,17 +37,18 @@ class Partition:
             values = getattr(self, field)
             if values is not None and len(values) != self.num_clients:
                 raise ValueError(f"partition has {self.num_clients} clients but {len(values)} {field}")
-        for cid, idx in enumerate(self.indices):
-            if len(idx) < MIN_CLIENT_SAMPLES:
-                raise ValueError(
-                    f"partition.num_clients: client {cid} received only {len(idx)} sample(s), but every "
-                    f"client needs at least {MIN_CLIENT_SAMPLES} (train/val/test); "
-                    "use fewer clients or more data"
-                )
+        sizes = np.fromiter((len(idx) for idx in self.indices), dtype=np.int64, count=self.num_clients)
+        if sizes.size and sizes.min() < MIN_CLIENT_SAMPLES:
+            cid = int(np.flatnonzero(sizes < MIN_CLIENT_SAMPLES)[0])
+            raise ValueError(
+                f"partition.num_clients: client {cid} received only {sizes[cid]} sample(s), but every "
+                f"client needs at least {MIN_CLIENT_SAMPLES} (train/val/test); "
+                "use fewer clients or more data"
+            )
         every = np.concatenate(self.indices) if self.indices else np.empty(0, dtype=np.int64)
         if every.size and (every.min() < 0 or every.max() >= pool_size):
             raise ValueError(f"partition refers to samples outside the pool of {pool_size}")
-        if np.unique(every).size != every.size:
+        if np.bincount(every, minlength=pool_size).max(initial=0) > 1:
             raise ValueError("partition assigns some sample to more than one client")
 
 
@@ -76,10 +77,36 @@ def split_evenly(idx: np.ndarray, parts: int, rng: np.random.Generator) -> list[
     return np.array_split(rng.permutation(idx), parts)
 
 
-def split_by_proportions(idx: np.ndarray, proportions: np.ndarray, rng: np.random.Generator) -> list[np.ndarray]:
-    """Shuffle, then cut into pieces of (rounded) the given proportions."""
+def even_pieces(n: int, parts: int) -> np.ndarray:
+    """Piece number of each of ``n`` positions cut as ``np.array_split(..., parts)`` cuts them."""
+    size, extra = divmod(n, parts)
+    return np.repeat(np.arange(parts), np.full(parts, size) + (np.arange(parts) < extra))
+
+
+def shuffle_evenly(idx: np.ndarray, parts: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`split_evenly` without the list of arrays: the shuffled ``idx`` and each one's piece number
+    (the same random draws, so the same pieces)."""
+    return rng.permutation(idx), even_pieces(len(idx), parts)
+
+
+def shuffle_by_proportions(
+    idx: np.ndarray, proportions: np.ndarray, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """Shuffle, then cut into pieces of (rounded) the given proportions: the shuffled ``idx`` and the
+    piece number of each (piece j is ``shuffled[cut[j-1]:cut[j]]``)."""
     cuts = (np.cumsum(proportions)[:-1] * len(idx)).astype(np.int64)
-    return np.split(rng.permutation(idx), cuts)
+    return rng.permutation(idx), np.searchsorted(cuts, np.arange(len(idx)), side="right")
+
+
+def assemble(num_clients: int, samples: list[np.ndarray], owners: list[np.ndarray]) -> list[np.ndarray]:
+    """Each client's sample indices, ascending: ``owners[i][j]`` holds ``samples[i][j]``. One sort of all
+    samples; the clients' arrays are views into one array, not one Python step per client and piece."""
+    every = np.concatenate(samples).astype(np.int64) if samples else np.empty(0, np.int64)
+    client = np.concatenate(owners).astype(np.int64) if owners else np.empty(0, np.int64)
+    # sort by (client, sample) through one int64 key: samples are distinct, so the key is too
+    span = int(every.max()) + 1 if every.size else 1
+    every = np.sort(client * span + every) % span
+    return np.split(every, np.cumsum(np.bincount(client, minlength=num_clients))[:-1])
 
 
 def group_sizes_equal(num_clients: int, num_groups: int) -> np.ndarray:
@@ -92,7 +119,3 @@ def check_groups(num_clients: int, num_groups: int) -> None:
             f"partition.num_clients: {num_clients} clients cannot fill {num_groups} groups; "
             "use at least one client per group"
         )
-
-
-def merge(buckets: list[list[np.ndarray]]) -> list[np.ndarray]:
-    return [np.sort(np.concatenate(b)).astype(np.int64) if b else np.empty(0, np.int64) for b in buckets]

@@ -12,11 +12,12 @@ from fedmerge.data.partitioners.base import (
     PARTITIONERS,
     Partition,
     PartitionConfig,
+    assemble,
     check_capacity,
     check_groups,
     group_sizes_equal,
-    merge,
-    split_by_proportions,
+    shuffle_by_proportions,
+    shuffle_evenly,
     split_evenly,
 )
 from fedmerge.data.pool import Pool
@@ -60,16 +61,17 @@ def partition_cluster(cfg: ClusterConfig, pool: Pool, rng: np.random.Generator) 
     owned = group_classes(cfg.num_groups, per_group, num_classes)
     groups = client_groups(cfg.num_clients, cfg.num_groups, cfg.group_sizes, rng)
     members = [np.flatnonzero(groups == g) for g in range(cfg.num_groups)]
-    buckets: list[list[np.ndarray]] = [[] for _ in range(cfg.num_clients)]
+    samples, holders = [], []
     for c in range(num_classes):
         owners = [g for g in range(cfg.num_groups) if c in owned[g]]
         if not owners:
             continue  # classes left over when the groups' blocks do not cover all classes
         for g, share in zip(owners, split_evenly(np.flatnonzero(pool.y == c), len(owners), rng), strict=True):
             weights = rng.dirichlet(np.full(len(members[g]), cfg.within_group_alpha))
-            for client, part in zip(members[g], split_by_proportions(share, weights, rng), strict=True):
-                buckets[client].append(part)
-    return Partition(merge(buckets), groups=groups.tolist())
+            shuffled, piece = shuffle_by_proportions(share, weights, rng)
+            samples.append(shuffled)
+            holders.append(members[g][piece])
+    return Partition(assemble(cfg.num_clients, samples, holders), groups=groups.tolist())
 
 
 class DomainConfig(PartitionConfig):
@@ -102,11 +104,13 @@ def partition_domain(cfg: DomainConfig, pool: Pool, rng: np.random.Generator) ->
         )
     check_groups(cfg.num_clients, len(domains))
     groups = np.repeat(np.arange(len(domains)), group_sizes_equal(cfg.num_clients, len(domains)))
-    indices: list[np.ndarray] = []
+    samples, owners = [], []
+    first = np.searchsorted(groups, np.arange(len(domains)))  # the group's clients are consecutive ids
     for g, d in enumerate(domains):
-        parts = split_evenly(np.flatnonzero(pool.domain == d), int((groups == g).sum()), rng)
-        indices.extend(np.sort(p) for p in parts)
-    return Partition(indices, groups=groups.tolist())
+        shuffled, piece = shuffle_evenly(np.flatnonzero(pool.domain == d), int((groups == g).sum()), rng)
+        samples.append(shuffled)
+        owners.append(first[g] + piece)
+    return Partition(assemble(cfg.num_clients, samples, owners), groups=groups.tolist())
 
 
 def rotation_partition(cfg: DomainConfig, pool: Pool, rng: np.random.Generator) -> Partition:
@@ -119,7 +123,8 @@ def rotation_partition(cfg: DomainConfig, pool: Pool, rng: np.random.Generator) 
     if height != width and any(a % 180 for a in angles):
         raise ValueError(f"partition.by: rotation of non-square {height}x{width} images would change their shape")
     groups = np.repeat(np.arange(num_groups), group_sizes_equal(cfg.num_clients, num_groups))
-    indices = [np.sort(p) for p in split_evenly(np.arange(len(pool)), cfg.num_clients, rng)]
+    samples, owners = shuffle_evenly(np.arange(len(pool)), cfg.num_clients, rng)
+    indices = assemble(cfg.num_clients, [samples], [owners])
     return Partition(indices, groups=groups.tolist(), rotations=[angles[g] for g in groups])
 
 
@@ -142,4 +147,7 @@ def partition_natural(cfg: NaturalConfig, pool: Pool, rng: np.random.Generator) 
         raise ValueError(
             f"partition.num_clients: dataset {pool.name!r} has {len(ids)} client ids, got num_clients={cfg.num_clients}"
         )
-    return Partition([np.flatnonzero(pool.natural_id == i) for i in ids])
+    # one stable sort instead of a scan of the pool per id: each client's indices stay ascending
+    order = np.argsort(pool.natural_id, kind="stable")
+    starts = np.flatnonzero(np.asarray(pool.natural_id)[order][1:] != np.asarray(pool.natural_id)[order][:-1]) + 1
+    return Partition(np.split(order.astype(np.int64), starts))

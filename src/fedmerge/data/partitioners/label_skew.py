@@ -12,10 +12,10 @@ from fedmerge.data.partitioners.base import (
     PARTITIONERS,
     Partition,
     PartitionConfig,
+    assemble,
     check_capacity,
-    merge,
-    split_by_proportions,
-    split_evenly,
+    shuffle_by_proportions,
+    shuffle_evenly,
 )
 from fedmerge.data.pool import Pool
 
@@ -32,7 +32,8 @@ class IidConfig(PartitionConfig):
 @PARTITIONERS.register("iid", config=IidConfig, description="uniform random split into near-equal parts")
 def partition_iid(cfg: IidConfig, pool: Pool, rng: np.random.Generator) -> Partition:
     check_capacity(cfg.num_clients, len(pool))
-    return Partition([np.sort(p) for p in split_evenly(np.arange(len(pool)), cfg.num_clients, rng)])
+    samples, owners = shuffle_evenly(np.arange(len(pool)), cfg.num_clients, rng)
+    return Partition(assemble(cfg.num_clients, [samples], [owners]))
 
 
 class DirichletConfig(PartitionConfig):
@@ -52,13 +53,13 @@ def partition_dirichlet(cfg: DirichletConfig, pool: Pool, rng: np.random.Generat
     check_capacity(k, len(pool), cfg.min_samples)
     classes = class_indices(pool)
     for _ in range(cfg.max_tries):
-        buckets: list[list[np.ndarray]] = [[] for _ in range(k)]
+        samples, owners = [], []
         for idx in classes:
-            for client, part in enumerate(split_by_proportions(idx, rng.dirichlet(np.full(k, cfg.alpha)), rng)):
-                buckets[client].append(part)
-        indices = merge(buckets)
-        if min(len(i) for i in indices) >= cfg.min_samples:
-            return Partition(indices)
+            shuffled, client = shuffle_by_proportions(idx, rng.dirichlet(np.full(k, cfg.alpha)), rng)
+            samples.append(shuffled)
+            owners.append(client)
+        if np.bincount(np.concatenate(owners), minlength=k).min() >= cfg.min_samples:
+            return Partition(assemble(k, samples, owners))
     raise ValueError(
         f"partition.num_clients: after {cfg.max_tries} Dirichlet draws (alpha={cfg.alpha}) some of the {k} "
         f"clients still had fewer than min_samples={cfg.min_samples} samples; use fewer clients, a larger "
@@ -71,16 +72,19 @@ class ShardsConfig(PartitionConfig):
     classes_per_client: int = Field(2, ge=1)
 
 
-def assign_classes(num_clients: int, classes: np.ndarray, per_client: int, rng: np.random.Generator) -> list:
-    """Give each client ``per_client`` distinct classes, least-used classes first (random tie-break),
-    so that class usage counts differ by at most one while the combinations stay random."""
+def assign_classes(num_clients: int, classes: np.ndarray, per_client: int, rng: np.random.Generator) -> np.ndarray:
+    """Give each client ``per_client`` distinct classes (a row, ascending), least-used classes first
+    (random tie-break), so that class usage counts differ by at most one while the combinations stay
+    random."""
+    # one draw for all clients: the same numbers as one draw of len(classes) per client, in order
+    ties = 0.5 * rng.random((num_clients, len(classes)))
     usage = np.zeros(len(classes))
-    chosen = []
-    for _ in range(num_clients):
-        pick = np.argsort(usage + 0.5 * rng.random(len(classes)))[:per_client]
+    picks = np.empty((num_clients, per_client), dtype=np.int64)
+    for client in range(num_clients):  # sequential: each pick depends on the usage so far
+        pick = np.argsort(usage + ties[client])[:per_client]
         usage[pick] += 1
-        chosen.append(np.sort(classes[pick]))
-    return chosen
+        picks[client] = pick
+    return np.sort(classes[picks], axis=1)
 
 
 @PARTITIONERS.register(
@@ -97,15 +101,18 @@ def partition_shards(cfg: ShardsConfig, pool: Pool, rng: np.random.Generator) ->
             f"of dataset {pool.name!r}"
         )
     owned = assign_classes(cfg.num_clients, present, cfg.classes_per_client, rng)
-    buckets: list[list[np.ndarray]] = [[] for _ in range(cfg.num_clients)]
+    samples, owners = [], []
     for c in present:
-        holders = [client for client, cls in enumerate(owned) if c in cls]
+        holders = np.flatnonzero((owned == c).any(axis=1))
+        if not holders.size:
+            continue  # fewer clients than classes: a class nobody was given stays out
         idx = np.flatnonzero(pool.y == c)
         if len(idx) < len(holders):
             raise ValueError(
                 f"partition.num_clients: class {c} has {len(idx)} samples but would be shared by "
                 f"{len(holders)} clients; use fewer clients or a smaller classes_per_client"
             )
-        for client, part in zip(holders, split_evenly(idx, len(holders), rng), strict=True):
-            buckets[client].append(part)
-    return Partition(merge(buckets))
+        shuffled, piece = shuffle_evenly(idx, len(holders), rng)
+        samples.append(shuffled)
+        owners.append(holders[piece])
+    return Partition(assemble(cfg.num_clients, samples, owners))
