@@ -285,8 +285,8 @@ def report(study: dict[str, Any], runs: Path, chosen: dict[str, int], ref: dict[
         mean_gap = statistics.mean(c["local_gap"] for c in checks), statistics.mean(c["fedavg_gap"] for c in checks)
         lines += [
             "",
-            f"**Regime {'kept' if kept else 'NOT kept'}** on {sum(c['passes'] for c in checks)} of {len(checks)} "
-            f"seeds (mean gaps: Local {mean_gap[0]:.1f}, FedAvg {mean_gap[1]:.1f} points).",
+            f"**Regime {'kept' if kept else 'NOT kept'}**: both bars met on {sum(c['passes'] for c in checks)} of "
+            f"{len(checks)} seeds (mean gaps: Local {mean_gap[0]:.1f}, FedAvg {mean_gap[1]:.1f} points).",
         ]
     lines += [
         "",

@@ -52,7 +52,7 @@ def study_section(path: Path) -> list[str]:
     lines = [
         f"### [{data['title']}]({path.with_suffix('.md').name})",
         "",
-        f"Regime {'**kept**' if kept else '**NOT kept**'} on {sum(c['passes'] for c in checks)} of "
+        f"Regime {'**kept**' if kept else '**NOT kept**'}: both bars met on {sum(c['passes'] for c in checks)} of "
         f"{len(checks)} seeds{gaps}.",
         "",
         "| method | seeds | top-1 at best val (%) | top-1 last (%) |",
