@@ -328,11 +328,13 @@ def report(study: dict[str, Any], runs: Path, chosen: dict[str, int], ref: dict[
             mark = " (chosen)" if i == chosen[label] else ""
             txt = ", ".join(f"{k.split('.')[-1]}={v}" for k, v in pt.items())
             lines.append(f"| {label} | {txt}{mark} | {pct([val_score(s)]) if s else 'failed'} |")
-    lines += ["", "## Commands (from each run's provenance.jsonl)", "", "```"]
+    shown = os.path.relpath(runs.resolve())
+    lines += ["", "## Commands (from each run's provenance.jsonl)", ""]
+    lines += [f"Run-folder paths are shown relative to the repository root (`{shown}`).", "", "```"]
     for label in labels:
         for _, _, folder in row_runs(study, runs, label, chosen[label]):
             for seg in read_provenance(folder):
-                lines.append(seg["command"])
+                lines.append(seg["command"].replace(str(runs.resolve()), shown))
     lines += ["```", ""]
     return "\n".join(lines)
 
