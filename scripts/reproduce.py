@@ -132,6 +132,12 @@ def tune(study: dict[str, Any], runs: Path, workers: int) -> dict[str, int]:
         for i, pt in enumerate(grid_points(m))
     ]
     run_all(jobs, study, runs, workers)
+    return choose(study, runs)
+
+
+def choose(study: dict[str, Any], runs: Path) -> dict[str, int]:
+    """Per row, the grid point with the best validation top-1 on the tuning seed."""
+    seed = study.get("tune_seed", study["seeds"][0])
     chosen = {}
     for m in study["methods"]:
         scores = [val_score(summary_of(runs, run_key(m["label"], i, seed))) for i in range(len(grid_points(m)))]
@@ -357,13 +363,7 @@ def main() -> None:
         study["title"] += " (regime check only)"
     runs = args.runs or Path("runs/repro") / args.study.stem
     if args.report_only:
-        seed = study.get("tune_seed", study["seeds"][0])
-        chosen = {
-            m["label"]: max(
-                range(len(grid_points(m))), key=lambda i: val_score(summary_of(runs, run_key(m["label"], i, seed)))
-            )
-            for m in study["methods"]
-        }
+        chosen = choose(study, runs)
     else:
         chosen = tune(study, runs, args.jobs)
         run_seeds(study, runs, chosen, args.jobs)

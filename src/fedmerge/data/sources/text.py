@@ -103,11 +103,11 @@ def load_wordnet_topics(cfg: WordNetConfig) -> Pool:
 
 @functools.lru_cache(maxsize=4)
 def _wordnet_cached(path: str, tokenizer: str | None, max_tokens: int) -> tuple[np.ndarray, np.ndarray]:
-    texts, labels = _wordnet_texts(path)
+    texts, labels = wordnet_texts(path)
     return tokenize(texts, tokenizer, max_tokens), labels
 
 
-def _wordnet_texts(path: str) -> tuple[list[str], np.ndarray]:
+def wordnet_texts(path: str) -> tuple[list[str], np.ndarray]:
     file = Path(path).expanduser()
     if not file.is_file():
         raise DataUnavailable(f"WordNet noun file not found: {file}; install it with `apt-get install -y wordnet-base`")

@@ -22,7 +22,7 @@ from pydantic import Field
 
 from fedmerge.data.errors import DataUnavailable
 from fedmerge.data.pool import DATASETS, DatasetConfig, Pool, stratified_subsample
-from fedmerge.data.sources.text import NOUN_TOPICS, WORDNET_NOUNS, _wordnet_texts
+from fedmerge.data.sources.text import NOUN_TOPICS, WORDNET_NOUNS, wordnet_texts
 
 DEFAULT_CACHE = "~/.cache/fedmerge/features"
 
@@ -42,7 +42,7 @@ class WordNetFeaturesConfig(DatasetConfig):
     description="WordNet noun definition -> 26 topics as frozen MiniLM features (apt: wordnet-base; extra: lora)",
 )
 def load_wordnet_features(cfg: WordNetFeaturesConfig) -> Pool:
-    texts, labels = _wordnet_texts(cfg.path)
+    texts, labels = wordnet_texts(cfg.path)
     index = Pool(np.arange(len(labels)), labels, len(NOUN_TOPICS), "wordnet_features")
     if cfg.max_samples is not None:
         index = stratified_subsample(index, cfg.max_samples)
