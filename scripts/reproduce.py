@@ -120,8 +120,31 @@ def summary_of(runs: Path, key: str) -> dict[str, Any] | None:
     return json.loads((folder / "summary.json").read_text()) if finished(folder) else None
 
 
-def val_score(summary: dict[str, Any] | None) -> float:
-    return summary["best_val"]["clients"]["val_acc"]["mean"] if summary else float("-inf")
+def metric_of(study: dict[str, Any]) -> tuple[str, str]:
+    """The table's metric: ``metric: {scope: clients|global, name: acc|top5}`` (default: mean client top-1).
+
+    ``global`` is the server model on the pooled test split (LIVAR's metric); tuning always reads the
+    clients' validation split for the same name, since the test split is withheld.
+    """
+    m = study.get("metric") or {}
+    return m.get("scope", "clients"), m.get("name", "acc")
+
+
+def test_score(study: dict[str, Any], summary: dict[str, Any], when: str = "best_val") -> float:
+    scope, name = metric_of(study)
+    # A method without a server model (Local) falls back to the mean over its clients.
+    part = summary[when].get(scope) or summary[when]["clients"]
+    value = part.get(f"test_{name}", float("nan"))
+    return value["mean"] if isinstance(value, dict) else value
+
+
+def extra_score(summary: dict[str, Any], column: str) -> float:
+    return summary["best_val"]["clients"][column]["mean"]
+
+
+def val_score(summary: dict[str, Any] | None, study: dict[str, Any] | None = None) -> float:
+    name = metric_of(study or {})[1]
+    return summary["best_val"]["clients"][f"val_{name}"]["mean"] if summary else float("-inf")
 
 
 def tune(study: dict[str, Any], runs: Path, workers: int) -> dict[str, int]:
@@ -140,7 +163,7 @@ def choose(study: dict[str, Any], runs: Path) -> dict[str, int]:
     seed = study.get("tune_seed", study["seeds"][0])
     chosen = {}
     for m in study["methods"]:
-        scores = [val_score(summary_of(runs, run_key(m["label"], i, seed))) for i in range(len(grid_points(m)))]
+        scores = [val_score(summary_of(runs, run_key(m["label"], i, seed)), study) for i in range(len(grid_points(m)))]
         chosen[m["label"]] = max(range(len(scores)), key=lambda i: scores[i])
     return chosen
 
@@ -233,8 +256,9 @@ def results_json(study: dict[str, Any], runs: Path, chosen: dict[str, int], ref:
         rows[m["label"]] = {
             "chosen": grid_points(m)[chosen[m["label"]]],
             "seeds": [seed for seed, _, _ in rr],
-            "best_val": [s["best_val"]["clients"]["test_acc"]["mean"] for _, s, _ in rr],
-            "last": [s["last"]["clients"]["test_acc"]["mean"] for _, s, _ in rr],
+            "best_val": [test_score(study, s) for _, s, _ in rr],
+            "last": [test_score(study, s, "last") for _, s, _ in rr],
+            **{c: [extra_score(s, c) for _, s, _ in rr] for c in study.get("columns", [])},
             "ari": [a for _, s, _ in rr if (a := ari_of(s)) is not None],
         }
     for seed in study["seeds"]:
@@ -242,7 +266,8 @@ def results_json(study: dict[str, Any], runs: Path, chosen: dict[str, int], ref:
         if loc and fed:
             acc = [x["best_val"]["clients"]["test_acc"]["mean"] for x in (loc, fed)]
             checks.append({"seed": seed, **regime_check(ref[seed]["mean"], *acc)})
-    return {"title": study["title"], "regime": checks, "rows": rows}
+    scope, name = metric_of(study)
+    return {"title": study["title"], "metric": f"{scope} test {name}", "regime": checks, "rows": rows}
 
 
 def report(study: dict[str, Any], runs: Path, chosen: dict[str, int], ref: dict[int, dict[str, Any]]) -> str:
@@ -294,46 +319,57 @@ def report(study: dict[str, Any], runs: Path, chosen: dict[str, int], ref: dict[
             f"**Regime {'kept' if kept else 'NOT kept'}**: both bars met on {sum(c['passes'] for c in checks)} of "
             f"{len(checks)} seeds (mean gaps: Local {mean_gap[0]:.1f}, FedAvg {mean_gap[1]:.1f} points).",
         ]
+    scope, name = metric_of(study)
+    columns = study.get("columns", [])
+    what = {"acc": "top-1", "top5": "top-5"}[name]
+    metric_txt = f"Mean client test {what}" if scope == "clients" else f"Server model's {what} on the pooled test split"
+    extra_txt = (
+        f" Extra columns ({', '.join(columns)}): mean over clients at the best-validation round, ×100."
+        if columns
+        else ""
+    )
     lines += [
         "",
         "## Results",
         "",
-        f"Mean client test top-1 (%), mean ± std over seeds {study['seeds']}. Each row's hyper-parameters were "
+        f"{metric_txt} (%), mean ± std over seeds {study['seeds']}.{extra_txt} Each row's hyper-parameters were "
         f"chosen on the validation split of seed {study.get('tune_seed', study['seeds'][0])} from "
         f"{len(grid_points(study['methods'][0]))} grid points (the same budget for every row). ARI: adjusted Rand "
         "index of each client's argmax merge weight (IFCA: cluster; FedEM: argmax of its mixture weights) against "
         "its true group, at the last round.",
         "",
-        "| method | chosen | seeds | best-val round | last round | ARI | server params | per-client comm (down/up) | "
-        "commits |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| method | chosen | seeds | best-val round | last round |"
+        + "".join(f" {c} |" for c in columns)
+        + " ARI | server params | per-client comm (down/up) | commits |",
+        "|---|---|---|---|---|" + "---|" * len(columns) + "---|---|---|---|",
     ]
     for label, m in labels.items():
         point = grid_points(m)[chosen[label]]
         rr = row_runs(study, runs, label, chosen[label])
         if not rr:
-            lines.append(f"| {label} | - | 0 | - | - | - | - | - | - |")
+            lines.append(f"| {label} | - | 0 | - | - |{' - |' * len(columns)} - | - | - | - |")
             continue
-        best = [s["best_val"]["clients"]["test_acc"]["mean"] for _, s, _ in rr]
-        last = [s["last"]["clients"]["test_acc"]["mean"] for _, s, _ in rr]
+        best = [test_score(study, s) for _, s, _ in rr]
+        last = [test_score(study, s, "last") for _, s, _ in rr]
+        extra = "".join(f" {pct([extra_score(s, c) for _, s, _ in rr])} |" for c in columns)
         b = rr[0][1].get("parameter_budget", {})
         commits = commits_of([f for _, _, f in rr])
         chosen_txt = ", ".join(f"{k.split('.')[-1]}={v}" for k, v in point.items()) or "-"
         lines.append(
-            f"| {label} | {chosen_txt} | {len(rr)} | {pct(best)} | {pct(last)} | {ari_text(rr)} | "
+            f"| {label} | {chosen_txt} | {len(rr)} | {pct(best)} | {pct(last)} |{extra} {ari_text(rr)} | "
             f"{b.get('server_stored', 0):,.0f} | "
             f"{b.get('down_per_client_round', 0):,.0f} / {b.get('up_per_client_round', 0):,.0f} | "
             f"{', '.join(sorted(commits))}{' (mixed)' if len(commits) > 1 else ''} |"
         )
-    lines += ["", "## Tuning (validation top-1 %, tuning seed)", ""]
-    lines += ["| method | grid point | val top-1 |", "|---|---|---|"]
+    lines += ["", f"## Tuning (validation {what} %, tuning seed)", ""]
+    lines += [f"| method | grid point | val {what} |", "|---|---|---|"]
     seed = study.get("tune_seed", study["seeds"][0])
     for label, m in labels.items():
         for i, pt in enumerate(grid_points(m)):
             s = summary_of(runs, run_key(label, i, seed))
             mark = " (chosen)" if i == chosen[label] else ""
             txt = ", ".join(f"{k.split('.')[-1]}={v}" for k, v in pt.items())
-            lines.append(f"| {label} | {txt}{mark} | {pct([val_score(s)]) if s else 'failed'} |")
+            lines.append(f"| {label} | {txt}{mark} | {pct([val_score(s, study)]) if s else 'failed'} |")
     shown = os.path.relpath(runs.resolve())
     lines += ["", "## Commands (from each run's provenance.jsonl)", ""]
     lines += [f"Run-folder paths are shown relative to the repository root (`{shown}`).", "", "```"]
