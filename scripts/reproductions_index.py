@@ -40,6 +40,14 @@ def pct(values: list[float]) -> str:
     return f"{vals[0]:.1f}" if len(vals) == 1 else f"{statistics.mean(vals):.1f} ± {statistics.stdev(vals):.1f}"
 
 
+METRICS = {
+    "clients test acc": "mean client test top-1",
+    "clients test top5": "mean client test top-5",
+    "global test acc": "the server model's top-1 on the pooled test split",
+    "global test top5": "the server model's top-5 on the pooled test split",
+}
+
+
 def study_section(path: Path) -> list[str]:
     data = json.loads(path.read_text())
     checks = data["regime"]
@@ -55,7 +63,9 @@ def study_section(path: Path) -> list[str]:
         f"Regime {'**kept**' if kept else '**NOT kept**'}: both bars met on {sum(c['passes'] for c in checks)} of "
         f"{len(checks)} seeds{gaps}.",
         "",
-        "| method | seeds | top-1 at best val (%) | top-1 last (%) |",
+        f"Metric: {METRICS[data.get('metric', 'clients test acc')]}.",
+        "",
+        "| method | seeds | at best val (%) | last round (%) |",
         "|---|---|---|---|",
     ]
     for label, row in data["rows"].items():
