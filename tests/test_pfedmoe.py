@@ -80,3 +80,54 @@ def test_client_optimized_parameters_count_both_experts_and_the_gate():
     state.tensors.update({"gate/" + k: v for k, v in gate_init(3, 5, torch.Generator()).items()})
     gate = 2 * 3 + (3 * 5 + 5) + 2 * 5 + (5 * 2 + 2) + 2 * 2
     assert alg.client_optimized_parameters(model, [state]) == 2 * model - 10 + gate
+
+
+def test_client_step_is_plain_end_to_end_sgd_on_the_mixture():
+    """One client update equals full-batch SGD, written out here, on CE(head(g0*h_glob + g1*h_loc)):
+    the global expert's body, the local expert (body and head) and the gate all move; the global
+    expert's own head does not; only the global body is uploaded."""
+    from fedmerge.algorithms.pfedmoe import MoE
+    from fedmerge.core.seeding import NO_ROUND, torch_generator
+    from fedmerge.core.types import Payload
+    from fedmerge.data.federated import ClientData
+
+    def factory(gen):
+        return build_model({"name": "mlp", "hidden": (6,)}, (5,), 3, generator=gen)
+
+    cfg = ALGORITHMS.get("pfedmoe").config(lr=0.3, local_epochs=3, batch_size=64, gate_hidden=4)
+    alg = PFedMoE(cfg, factory, num_clients=2, seed=7)
+    gen = torch.Generator().manual_seed(1)
+    x, y = torch.randn(20, 5, generator=gen), torch.randint(0, 3, (20,), generator=gen)
+    data = ClientData(1, x, y, x[:4], y[:4], x[:4], y[:4])
+    server = alg.init_server_state()
+    state = alg.init_client_state(1)
+    ctx = ClientContext(factory(torch.Generator()), torch.device("cpu"), 7, 1, 1)
+    update, new_state = alg.client_update(Payload(server.tensors, {"round": 1}), data, state, ctx)
+
+    # The same network, built by hand from the same initial weights, trained by hand.
+    glob, loc = factory(torch.Generator()), factory(torch.Generator())
+    glob.load_state_dict({**glob.state_dict(), **server.tensors})
+    loc.load_state_dict({k[len("local/") :]: v for k, v in state.tensors.items()})
+    gate = Gate(5, 4)
+    gate.load_state_dict(gate_init(5, 4, torch_generator(7, NO_ROUND, 1, "pfedmoe/gate")))
+    moe = MoE(glob, loc, gate)
+    head_before = {k: v.clone() for k, v in glob.state_dict().items() if k.startswith("classifier")}
+    params = [p for n, p in moe.named_parameters() if not n.startswith("global_expert.classifier")]
+    moe.train()
+    for _ in range(3):  # full batch: one step per epoch, the order of samples does not matter
+        moe.zero_grad()
+        torch.nn.functional.cross_entropy(moe(x), y).backward()
+        with torch.no_grad():
+            for p in params:
+                p -= 0.3 * p.grad
+
+    assert set(update.tensors) == {k for k in glob.state_dict() if not k.startswith("classifier")}
+    for k, v in update.tensors.items():
+        torch.testing.assert_close(v, glob.state_dict()[k], rtol=1e-5, atol=1e-6)
+        assert not torch.equal(v, server.tensors[k])  # the global expert learned
+    for k, v in loc.state_dict().items():
+        torch.testing.assert_close(new_state.tensors["local/" + k], v, rtol=1e-5, atol=1e-6)
+    for k, v in gate.state_dict().items():
+        torch.testing.assert_close(new_state.tensors["gate/" + k], v, rtol=1e-5, atol=1e-6)
+    for k, v in head_before.items():
+        assert torch.equal(glob.state_dict()[k], v)
