@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from fedmerge.core.algorithm import Algorithm, ClientContext, ClientDataLike, Predictor
+from fedmerge.core.model_state import load_state
 from fedmerge.core.training import predict_logits
 from fedmerge.core.types import ClientState, Payload
 from fedmerge.metrics import classification_metrics
@@ -40,7 +41,7 @@ def evaluate_client(
         if callable(weights):
             predictor = weights
         else:
-            ctx.model.load_state_dict(weights)
+            load_state(ctx.model, weights)
             predictor = ctx.model
         prefix = f"{variant}/" if variant else ""
         for split in SPLITS:
