@@ -110,10 +110,11 @@ def copy_state(model: nn.Module) -> StateDict:
     return {k: t.detach().clone() for k, t in table.tensors()}
 
 
-def set_train_mode(model: nn.Module) -> None:
-    """``model.train()``, skipped when every submodule already is in training mode (the usual case)."""
-    if not all(m.training for m in _table(model).modules):
-        model.train()
+def set_train_mode(model: nn.Module, mode: bool = True) -> None:
+    """``model.train(mode)``, skipped when every submodule already is in that mode (the usual case)."""
+    table = model.__dict__.get(_ATTR)  # no table is built for this: a module used once needs none
+    if table is None or any(m.training is not mode for m in table.modules):
+        model.train(mode)
 
 
 def trainable_parameters(model: nn.Module) -> list[nn.Parameter]:

@@ -209,7 +209,7 @@ def _same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
 
 @torch.no_grad()
 def predict_logits(model: nn.Module, x: torch.Tensor, batch_size: int = 1024) -> torch.Tensor:
-    model.eval()
+    set_train_mode(model, False)
     if x.shape[0] == 0:
         return torch.empty(0)
     return torch.cat([model(x[i : i + batch_size]) for i in range(0, x.shape[0], batch_size)])
