@@ -6,7 +6,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from fedmerge.core.algorithm import Algorithm, ClientContext, ClientDataLike, StateDict
+from fedmerge.core.algorithm import Algorithm, ClientContext, ClientDataLike, PlainSGD, StateDict
 from fedmerge.core.model_state import copy_state, load_state
 from fedmerge.core.params import weighted_average
 from fedmerge.core.seeding import NO_ROUND, torch_generator
@@ -108,6 +108,14 @@ class GlobalModelAlgorithm(Algorithm):
 
     def personalize(self, payload: Payload, data: ClientDataLike, state: ClientState, ctx: ClientContext) -> StateDict:
         return payload.tensors
+
+    def plain_sgd(self, payload: Payload, state: ClientState) -> PlainSGD:
+        return PlainSGD(payload.tensors)
+
+    def plain_sgd_result(
+        self, payload: Payload, state: ClientState, trained: StateDict, meta: dict[str, Any]
+    ) -> tuple[Update, ClientState]:
+        return Update(trained, meta), state
 
 
 class StatisticsAlgorithm(GlobalModelAlgorithm):

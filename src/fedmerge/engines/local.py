@@ -18,6 +18,7 @@ from fedmerge.metrics import classification_metrics
 
 from .evaluation import evaluate_client, seed_global_rng
 from .grouped_eval import GroupedEvaluator
+from .vectorized import fit_vectorized
 from .workers import WorkerPool
 
 Metrics = dict[str, float]
@@ -42,6 +43,7 @@ class LocalEngine:
         eval_batch_size: int = 1024,
         on_client_done: Callable[[int], None] | None = None,
         workers: int = 1,
+        vectorize: bool = False,
     ) -> None:
         self.clients = clients
         self.model = model.to(device)
@@ -52,6 +54,7 @@ class LocalEngine:
         self.on_client_done = on_client_done
         self._states: dict[int, ClientState] = {}
         self.workers = workers
+        self.vectorize = vectorize  # train the round's clients as one batched computation (vectorized.py)
         self._pool: WorkerPool | None = None
         self._pool_algorithm: Algorithm | None = None
         self._evaluator = GroupedEvaluator(clients, self.model, eval_batch_size)
@@ -137,7 +140,19 @@ class LocalEngine:
             if self.on_client_done is not None:
                 self.on_client_done(cid)
 
-        self._map(algorithm, "fit", rnd, payloads, done)
+        if self.vectorize:
+
+            def prepare(cid: int) -> tuple[ClientContext, Payload, ClientState]:
+                ctx = self._context(rnd, cid, "fit")  # seeded first, as _fit_one does
+                state = self._states.get(cid)
+                if state is None:
+                    state = algorithm.init_client_state(cid).to(self.device)
+                return ctx, payloads[cid].to(self.device), state
+
+            for cid, result in fit_vectorized(algorithm, self.model, self.clients, sorted(payloads), prepare).items():
+                done(cid, result)
+        else:
+            self._map(algorithm, "fit", rnd, payloads, done)
         return {cid: updates[cid] for cid in sorted(updates)}
 
     def evaluate(self, algorithm: Algorithm, rnd: int, payloads: dict[int, Payload]) -> dict[int, Metrics]:
