@@ -75,12 +75,20 @@ def batch_slices(n: int, batch_size: int) -> list[slice]:
 
 
 def iterate_minibatches(
-    n: int, batch_size: int, generator: torch.Generator, epochs: int, max_steps: int | None
+    n: int,
+    batch_size: int,
+    generator: torch.Generator,
+    epochs: int,
+    max_steps: int | None,
+    device: torch.device | None = None,
 ) -> Iterable[torch.Tensor]:
-    """Index batches: a fresh permutation each epoch, stopping after ``max_steps`` if given."""
+    """Index batches: a fresh permutation each epoch, stopping after ``max_steps`` if given. With
+    ``device``, each epoch's permutation is moved there once (not one host copy per batch)."""
     steps = 0
     while True:
         perm = torch.randperm(n, generator=generator)
+        if device is not None:
+            perm = perm.to(device)
         for sl in batch_slices(n, batch_size):
             yield perm[sl]
             steps += 1
@@ -152,8 +160,7 @@ def _train(
     n = int(y.shape[0])
     losses: list[torch.Tensor] = []  # summed once at the end: no per-step conversion (nor device sync)
     steps = samples = 0
-    for idx in iterate_minibatches(n, cfg.batch_size, generator, cfg.local_epochs, cfg.local_steps):
-        idx = idx.to(x.device)
+    for idx in iterate_minibatches(n, cfg.batch_size, generator, cfg.local_epochs, cfg.local_steps, x.device):
         step = Step(model, steps, x[idx], y[idx], idx)
         if before_forward is not None:
             before_forward(step)

@@ -122,8 +122,12 @@ def train_stack(
     total = max(steps, default=0)
     width = max((len(idx) for p in plans for idx in p), default=0)
     k = len(tasks)
+    # indices and masks go to the device once, not once per step: no host copy inside the loop
+    plans = [list(torch.cat(p).to(device).split([len(i) for i in p])) if p else [] for p in plans]
+    active = torch.tensor([[t < s for s in steps] for t in range(total)], device=device).view(total, k)
+    prox = any(t.prox_mu > 0 for t in tasks)
     momentum: dict[str, torch.Tensor] = {}
-    loss_sums = torch.zeros(k, dtype=torch.float64)
+    loss_sums = torch.zeros(k, dtype=torch.float64, device=device)
     model.train()
 
     def client_loss(params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor, w: torch.Tensor):
@@ -133,26 +137,25 @@ def train_stack(
     batched = vmap(client_loss)
     x0 = data[0].x_train
     for step in range(total):
-        active = torch.tensor([step < s for s in steps], device=device)
         xb = torch.zeros((k, width, *x0.shape[1:]), dtype=x0.dtype, device=device)
         yb = torch.zeros((k, width), dtype=torch.long, device=device)
         wb = torch.zeros((k, width), dtype=stack[names[0]].dtype, device=device)
         for i, plan in enumerate(plans):
             if step < len(plan):
-                idx = plan[step].to(device)
+                idx = plan[step]
                 xb[i, : len(idx)] = data[i].x_train[idx]
                 yb[i, : len(idx)] = data[i].y_train[idx]
                 wb[i, : len(idx)] = 1.0 / len(idx)  # the mean over the client's own batch
         task = batched(stack, xb, yb, wb)  # (K,) mean task loss per client
         loss = task.sum()
-        if bool((mu > 0).any()):
+        if prox:
             for n in names:
                 sq = ((stack[n] - anchor[n]) ** 2).flatten(1).sum(dim=1)
                 loss = loss + (0.5 * mu * sq).sum()
         grads = torch.autograd.grad(loss, [stack[n] for n in names])
-        loss_sums += torch.where(active.cpu(), task.detach().double().cpu(), 0.0)
+        loss_sums += torch.where(active[step], task.detach().double(), 0.0)
         with torch.no_grad():
-            gate = active.to(wb.dtype)
+            gate = active[step].to(wb.dtype)
             for n, g in zip(names, grads):
                 p = stack[n]
                 d_p = g + cfg.weight_decay * p if cfg.weight_decay else g
@@ -162,5 +165,6 @@ def train_stack(
                     momentum[n] = d_p.clone() if buf is None else cfg.momentum * buf + d_p
                     d_p = momentum[n]
                 p.sub_(cfg.lr * d_p * gate.view(-1, *([1] * (p.dim() - 1))))
-    losses = [float(loss_sums[i] / max(steps[i], 1)) if steps[i] else float("nan") for i in range(k)]
+    sums = loss_sums.tolist()
+    losses = [sums[i] / steps[i] if steps[i] else float("nan") for i in range(k)]
     return {n: s.detach() for n, s in stack.items()}, losses, steps
