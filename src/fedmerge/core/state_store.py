@@ -34,7 +34,8 @@ import hashlib
 import operator
 import struct
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -77,8 +78,10 @@ class StateStore:
             raise StateStoreError(f"state store {self.path} cannot be opened: {_first_line(exc)}") from None
         self._cache: OrderedDict[tuple[int, int], ClientState] = OrderedDict()
         # Clients that may hold more than one version (written since the last prune); None: unknown
-        # (just opened), so the first prune/rewind scans the whole store and later ones only these.
-        self._touched: set[int] | None = None
+        # (an existing store just opened), so the first prune/rewind scans the whole store and later
+        # ones only these: no per-round work grows with the population.
+        self._touched: set[int] | None = set() if self._env.stat()["entries"] == 0 else None
+        self.bytes_written = 0  # bytes of the entries put so far (figures for checkpoint accounting)
 
     # --- context manager -------------------------------------------------------------------
     def __enter__(self) -> StateStore:
@@ -102,13 +105,12 @@ class StateStore:
     # --- reads -----------------------------------------------------------------------------
     def round_of(self, cid: int, max_round: int | None = None) -> int | None:
         """Round of ``cid``'s newest version with round <= ``max_round`` (None: newest), or None."""
-        with self._open_env().begin() as txn:
+        with self._transaction() as txn:
             return self._find_round(txn, cid, max_round)
 
     def get(self, cid: int, max_round: int | None = None) -> ClientState | None:
         """``cid``'s newest state with round <= ``max_round`` (None: the newest), or None if it has none."""
-        env = self._open_env()
-        with env.begin(buffers=True) as txn:
+        with self._transaction(buffers=True) as txn:
             rnd = self._find_round(txn, cid, max_round)
             if rnd is None:
                 return None
@@ -116,11 +118,7 @@ class StateStore:
             if cached is not None:
                 self._cache.move_to_end((cid, rnd))
                 return cached
-            try:
-                value = txn.get(_key(cid, rnd))
-            except lmdb.Error as exc:
-                raise StateStoreError(f"state store {self.path} is unreadable: {_first_line(exc)}") from None
-            state = self._decode(cid, rnd, value)
+            state = self._decode(cid, rnd, txn.get(_key(cid, rnd)))
         self._remember(cid, rnd, state)
         return state
 
@@ -146,8 +144,9 @@ class StateStore:
         """Store ``state`` as ``cid``'s version of round ``rnd`` (replacing one of the same round)."""
         data = state.to_bytes()
         key = _key(cid, rnd)
-        with self._open_env().begin(write=True) as txn:
+        with self._transaction(write=True) as txn:
             txn.put(key, hashlib.sha256(data).digest() + data)
+        self.bytes_written += _DIGEST + len(data)
         if self._touched is not None:
             self._touched.add(cid)
         self._remember(cid, rnd, state)
@@ -156,7 +155,7 @@ class StateStore:
         """Per client, keep the newest version with round <= ``committed_round`` and drop older
         ones; versions newer than ``committed_round`` are kept until committed or rewound."""
         still: set[int] = set()
-        with self._open_env().begin(write=True) as txn:
+        with self._transaction(write=True) as txn:
             for cid, rounds in self._grouped(txn, self._touched):
                 committed = [r for r in rounds if r <= committed_round]
                 for r in committed[:-1]:
@@ -169,7 +168,7 @@ class StateStore:
     def rewind(self, committed_round: int) -> None:
         """Drop every version newer than ``committed_round`` (rounds the server never aggregated)."""
         still: set[int] = set()
-        with self._open_env().begin(write=True) as txn:
+        with self._transaction(write=True) as txn:
             for cid, rounds in self._grouped(txn, self._touched):
                 kept = [r for r in rounds if r <= committed_round]
                 for r in rounds:
@@ -186,6 +185,17 @@ class StateStore:
             raise StateStoreError(f"state store {self.path} is closed")
         return self._env
 
+    @contextmanager
+    def _transaction(self, write: bool = False, buffers: bool = False) -> Iterator[Any]:
+        """One LMDB transaction (committed on success); LMDB's own errors become one-line StateStoreErrors."""
+        env = self._open_env()
+        try:
+            with env.begin(write=write, buffers=buffers) as txn:
+                yield txn
+        except lmdb.Error as exc:
+            action = "written" if write else "read"
+            raise StateStoreError(f"state store {self.path} cannot be {action}: {_first_line(exc)}") from None
+
     def _find_round(self, txn: Any, cid: int, max_round: int | None) -> int | None:
         """Newest round of ``cid`` <= ``max_round``: one B-tree seek, whatever the population."""
         if max_round is not None and max_round < 0:
@@ -193,13 +203,10 @@ class StateStore:
         cursor = txn.cursor()
         # Seek to the first key after (cid, max_round), then step back once.
         after = _key(cid + 1, 0) if max_round is None else _key(cid, max_round + 1)
-        try:
-            found = cursor.prev() if cursor.set_range(after) else cursor.last()
-            if not found:
-                return None
-            key_cid, key_round = _KEY.unpack(bytes(cursor.key()))
-        except lmdb.Error as exc:
-            raise StateStoreError(f"state store {self.path} is unreadable: {_first_line(exc)}") from None
+        found = cursor.prev() if cursor.set_range(after) else cursor.last()
+        if not found:
+            return None
+        key_cid, key_round = _KEY.unpack(bytes(cursor.key()))
         return key_round if key_cid == cid else None
 
     def _decode(self, cid: int, rnd: int, value: Any) -> ClientState:
@@ -229,9 +236,9 @@ class StateStore:
             self._cache.popitem(last=False)
 
     def _versions(self) -> Iterator[tuple[int, int]]:
-        with self._open_env().begin() as txn:
-            for key in txn.cursor().iternext(keys=True, values=False):
-                yield _KEY.unpack(bytes(key))
+        with self._transaction() as txn:
+            keys = [_KEY.unpack(bytes(key)) for key in txn.cursor().iternext(keys=True, values=False)]
+        return iter(keys)
 
     def _grouped(self, txn: Any, only: set[int] | None) -> Iterator[tuple[int, list[int]]]:
         """``(cid, rounds ascending)`` for the clients in ``only`` (None: every client)."""
@@ -257,3 +264,40 @@ class StateStore:
 
 def _first_line(exc: BaseException) -> str:
     return (str(exc).splitlines() or [type(exc).__name__])[0]
+
+
+class MemoryStates(dict):
+    """Client states in a dict keyed by client id (the default), with the store's ``put``."""
+
+    def put(self, cid: int, state: ClientState, rnd: int) -> None:
+        self[cid] = state
+
+
+class StoredStates(Mapping):
+    """A read-only mapping view of a :class:`StateStore` (each client's newest state, on ``device``),
+    with ``put``: what an engine holds instead of a :class:`MemoryStates` dict."""
+
+    def __init__(self, store: StateStore, device: Any = None) -> None:
+        self.store = store
+        self.device = device
+
+    def put(self, cid: int, state: ClientState, rnd: int) -> None:
+        self.store.put(cid, state, rnd)
+
+    def get(self, cid: int, default: Any = None) -> Any:  # one seek, no KeyError round trip
+        state = self.store.get(cid)
+        if state is None:
+            return default
+        return state if self.device is None else state.to(self.device)
+
+    def __getitem__(self, cid: int) -> ClientState:
+        state = self.get(cid)
+        if state is None:
+            raise KeyError(cid)
+        return state
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.store.ids())
+
+    def __len__(self) -> int:
+        return len(self.store)

@@ -16,6 +16,7 @@ from pydantic import BaseModel
 
 from fedmerge.algorithms import ALGORITHMS, Algorithm
 from fedmerge.core.checkpoint import (
+    CLIENT_STORE,
     LATEST,
     Checkpoint,
     CheckpointError,
@@ -25,6 +26,7 @@ from fedmerge.core.checkpoint import (
     save_checkpoint,
 )
 from fedmerge.core.loop import Engine, Schedule, run_rounds
+from fedmerge.core.state_store import StateStore, StoredStates
 from fedmerge.core.types import ServerState
 from fedmerge.data import DataUnavailable, FederatedDataset, build_federated_dataset
 from fedmerge.engines.local import LocalEngine
@@ -118,7 +120,10 @@ def _first_line(exc: BaseException) -> str:
 def config_digest(cfg: BaseModel) -> str:
     # Engine tuning (``flower``: timeouts, retries) and extra outputs (``log``) do not change the
     # numbers a run produces.
-    fixed = cfg.model_dump(mode="json", exclude=RESUME_OVERRIDABLE | {"flower", "log"} | defaults_left_out(cfg))
+    # Nor does where client states live (``state``): a checkpoint records that itself (``client_store``).
+    fixed = cfg.model_dump(
+        mode="json", exclude=RESUME_OVERRIDABLE | {"flower", "log", "state"} | defaults_left_out(cfg)
+    )
     return hashlib.sha256(repr(sorted(fixed.items())).encode()).hexdigest()
 
 
@@ -146,6 +151,8 @@ def run_experiment(
     notify = notify or (lambda message: None)
     if cfg.engine == "flower":
         _require_flower(simulation=grid is None)
+    if cfg.state is not None and (cfg.engine != "local" or grid is not None):
+        raise ConfigError("state (client states on disk) applies to engine=local; remove it for engine=flower")
     for warning in config_warnings(cfg):
         notify(f"warning: {warning}")
     ckpt = None
@@ -179,10 +186,10 @@ def run_experiment(
     except ValueError as exc:  # settings that conflict with the model or the data (e.g. fedlora without LoRA)
         raise ConfigError(f"algorithm {cfg.algorithm.name!r}: {str(exc).splitlines()[0]}") from None
     store = RunStore(run_dir if run_dir is not None else new_run_dir(cfg.output_dir, cfg.name))
-    with _open_engine(cfg, data, model, device, grid) as engine:
+    with _client_store(cfg, store) as states, _open_engine(cfg, data, model, device, grid, states) as engine:
         groups = [c.group for c in data.clients]
         segment = _Segment(resume, ckpt, show_progress, stop_after, notify)
-        return _run(cfg, store, algorithm, model, engine, device, groups, segment)
+        return _run(cfg, store, algorithm, model, engine, device, groups, segment, states)
 
 
 Notify = Callable[[str], None]
@@ -210,10 +217,11 @@ def resume_checkpoint(run_dir: Path, cfg: BaseModel, file: str | None = None) ->
     (checksum verified). None when the run stopped before its first checkpoint. A folder whose
     ``latest.json`` is gone while round files remain is refused: restarting would discard them."""
     folder = run_dir / CHECKPOINT_DIR
+    with_clients = getattr(cfg, "state", None) is None  # a store's states are read as clients need them
     if file is not None and not _latest_names(folder, file):
-        ckpt = parse_checkpoint(Path(file) if Path(file).is_file() else folder / Path(file).name)
+        ckpt = parse_checkpoint(Path(file) if Path(file).is_file() else folder / Path(file).name, None, with_clients)
     elif (folder / LATEST).exists():
-        ckpt = load_checkpoint(folder)  # checksum verified
+        ckpt = load_checkpoint(folder, with_clients)  # checksum verified
     else:
         newest = newest_checkpoint_file(folder)
         if newest is None:
@@ -222,7 +230,7 @@ def resume_checkpoint(run_dir: Path, cfg: BaseModel, file: str | None = None) ->
             f"{folder / LATEST} is missing but checkpoints remain (newest: {newest.name}); to continue from it: "
             f"fedmerge run --resume {run_dir} --checkpoint {newest.name}"
         )
-    if ckpt.meta.get("config_digest") != config_digest(cfg):
+    if ckpt.meta.get("config_digest") != config_digest(cfg) or (ckpt.client_store is None) != with_clients:
         raise ConfigError(f"{run_dir}: config.yaml no longer matches the checkpoint; refusing to resume")
     return ckpt
 
@@ -236,6 +244,7 @@ def _run(
     device: torch.device,
     groups: list[int | None],
     segment: _Segment,
+    client_store: StateStore | None = None,
 ) -> RunResult:
     num_clients = len(groups)
     schedule = Schedule(cfg.rounds, num_clients, cfg.participation, cfg.eval_every, cfg.seed, cfg.eval_clients)
@@ -249,10 +258,13 @@ def _run(
         earlier_seconds = max((r.get("elapsed_seconds", 0.0) for r in store.read_metrics()), default=0.0)
         if ckpt is not None:
             state = ckpt.server_state.to(device)
-            engine.load_client_states(ckpt.client_states)
             start_round = ckpt.round
+            if client_store is None:
+                engine.load_client_states(ckpt.client_states)
         else:
             state = algorithm.init_server_state().to(device)
+        if client_store is not None:  # states of rounds after the checkpoint are redone
+            client_store.rewind(start_round)
         store.truncate_metrics(start_round)
         segment.notify(f"resuming from round {start_round} of {cfg.rounds}")
     else:
@@ -268,7 +280,7 @@ def _run(
             store.checkpoint_dir,
             rnd,
             server_state,
-            engine.client_states(),
+            engine.client_states() if client_store is None else client_store,
             {"config_digest": digest},
             keep=cfg.keep_checkpoints,
         )
@@ -336,8 +348,24 @@ def _require_flower(simulation: bool) -> None:
 
 
 @contextmanager
+def _client_store(cfg: BaseModel, run: RunStore) -> Iterator[StateStore | None]:
+    """The run's on-disk client-state store (``state:`` set), closed when the run ends; else None."""
+    if cfg.state is None:
+        yield None
+        return
+    # durable=False: each checkpoint fsyncs the store (a killed process loses no committed put anyway)
+    with StateStore(run.checkpoint_dir / CLIENT_STORE, cfg.state.cache_size, durable=False) as store:
+        yield store
+
+
+@contextmanager
 def _open_engine(
-    cfg: BaseModel, data: FederatedDataset, model: torch.nn.Module, device: torch.device, grid: Any
+    cfg: BaseModel,
+    data: FederatedDataset,
+    model: torch.nn.Module,
+    device: torch.device,
+    grid: Any,
+    client_store: StateStore | None = None,
 ) -> Iterator[Engine]:
     # no test split (withheld while tuning): no global-model test either
     pooled_test = data.pooled_test if any(c.n_test for c in data.clients) else None
@@ -350,6 +378,7 @@ def _open_engine(
             pooled_test=pooled_test,
             eval_batch_size=cfg.eval_batch_size,
             workers=cfg.workers,
+            states=None if client_store is None else StoredStates(client_store, device),
         ) as engine:
             yield engine
         return
