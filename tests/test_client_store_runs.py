@@ -3,9 +3,15 @@ checkpoints (server file + the store), exact resume, and refusal of a damaged st
 
 from __future__ import annotations
 
+import os
+import signal
 import struct
+import subprocess
+import sys
+import time
 
 import lmdb
+import numpy as np
 import pytest
 from helpers import assert_runs_identical, quick_config, run, strip_timing
 from typer.testing import CliRunner
@@ -97,3 +103,63 @@ def test_states_on_disk_with_workers_equal_states_in_ram(tmp_path):
     in_ram = run(quick_config(*short), tmp_path / "ram")
     on_disk = run(quick_config(*short, "state.cache_size=3", "workers=2"), tmp_path / "disk")
     assert_runs_identical(in_ram.run_dir, on_disk.run_dir)
+
+
+@pytest.mark.slow
+def test_kill_9_at_1000_clients_then_resume_is_bit_identical(tmp_path):
+    """Ditto, 1,000 clients (8 features, a 16-unit MLP), 50 per round, states on disk with a cache of
+    16: killed mid-run, resumed from the command line, equal to an uninterrupted run with states in RAM."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(16_000, 8)).astype(np.float32)
+    np.savez(tmp_path / "syn.npz", x=x, y=(x @ rng.normal(size=(8, 4))).argmax(1))
+    common = [
+        "dataset.name=npz",
+        f"dataset.path={tmp_path / 'syn.npz'}",
+        "partition.name=iid",
+        "partition.num_clients=1000",
+        "model.name=mlp",
+        "model.hidden=[16]",
+        "algorithm.name=ditto",
+        "algorithm.local_epochs=1",
+        "participation=0.05",
+        "eval_clients=sample:20",
+        "rounds=30",
+    ]
+    overrides = [*common, "state.cache_size=16", f"output_dir={tmp_path}", "name=killed"]
+    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=os.pathsep.join(sys.path))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fedmerge.cli", "run", *overrides, "--no-progress"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            metrics = list(tmp_path.glob("killed-*/metrics.jsonl"))
+            if metrics and len(metrics[0].read_text().splitlines()) >= 3:
+                break
+            if proc.poll() is not None:
+                pytest.fail(f"run ended before it could be killed: {proc.stderr.read().decode()}")
+            time.sleep(0.01)
+        else:
+            pytest.fail("run did not reach round 3 in time")
+        time.sleep(0.05)  # land inside a later round, after some of its states were stored
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == -signal.SIGKILL
+    run_dir = metrics[0].parent
+    assert len(run_dir.joinpath("metrics.jsonl").read_text().splitlines()) < 30, "killed too late"
+    resumed = subprocess.run(
+        [sys.executable, "-m", "fedmerge.cli", "run", "--resume", str(run_dir), "--no-progress"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    full = run(quick_config(*common), tmp_path / "full")
+    assert_runs_identical(full.run_dir, run_dir)
