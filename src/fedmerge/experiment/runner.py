@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ from fedmerge.core.checkpoint import (
     parse_checkpoint,
     save_checkpoint,
 )
-from fedmerge.core.loop import Engine, Schedule, run_rounds
+from fedmerge.core.loop import Engine, Schedule, parse_eval_clients, run_rounds
 from fedmerge.core.state_store import StateStore, StoredStates
 from fedmerge.core.types import ServerState
 from fedmerge.data import DataUnavailable, FederatedDataset, build_federated_dataset
@@ -138,6 +139,7 @@ def run_experiment(
     checkpoint: str | None = None,
     notify: Notify | None = None,
     withhold_test: bool = False,
+    data: FederatedDataset | None = None,
 ) -> RunResult:
     """Run (or resume) ``cfg``. ``stop_after`` ends after that round, as a crash would (tests).
 
@@ -147,6 +149,7 @@ def run_experiment(
     ``grid``: a Flower Grid, when called by the deployed ServerApp (``engine: flower``).
     ``checkpoint``: resume from this file of ``RUN_DIR/checkpoints`` instead of the one ``latest.json``
     names. ``notify``: receives one-line notices (warnings, "resuming from round N of M").
+    ``data``: a dataset already built (benchmarks), used instead of loading ``cfg``'s.
     """
     notify = notify or (lambda message: None)
     if cfg.engine == "flower":
@@ -171,7 +174,7 @@ def run_experiment(
     tokens = cfg.dataset.token_length()
     if tokens is not None:
         check_compatibility(cfg, torch.ones(2, tokens, dtype=torch.int64), 2, device)
-    data = load_data(cfg).to(device)
+    data = (load_data(cfg) if data is None else data).to(device)
     if withhold_test:
         data = without_test(data)
     sample = next(c.x_train[:2] for c in data.clients if c.n_train)
@@ -187,7 +190,7 @@ def run_experiment(
         raise ConfigError(f"algorithm {cfg.algorithm.name!r}: {str(exc).splitlines()[0]}") from None
     store = RunStore(run_dir if run_dir is not None else new_run_dir(cfg.output_dir, cfg.name))
     with _client_store(cfg, store) as states, _open_engine(cfg, data, model, device, grid, states) as engine:
-        groups = [c.group for c in data.clients]
+        groups = data.groups()
         segment = _Segment(resume, ckpt, show_progress, stop_after, notify)
         return _run(cfg, store, algorithm, model, engine, device, groups, segment, states)
 
@@ -347,6 +350,18 @@ def _require_flower(simulation: bool) -> None:
         raise ConfigError(INSTALL_HINT)
 
 
+def _pooled_test(cfg: BaseModel, data: FederatedDataset) -> Callable[[], tuple[torch.Tensor, torch.Tensor]] | None:
+    """The global model's test set: every client's test split, or with ``eval_clients: sample:K`` those
+    of the K evaluated clients (the same every round), so that no evaluation grows with the population."""
+    has_test = data.clients.has_test() if hasattr(data.clients, "has_test") else any(c.n_test for c in data.clients)
+    if not has_test:  # no test split (withheld while tuning): no global-model test either
+        return None
+    if parse_eval_clients(cfg.eval_clients)[0] != "sample":
+        return data.pooled_test
+    sample = Schedule(cfg.rounds, len(data.clients), seed=cfg.seed, eval_clients=cfg.eval_clients).evaluated(0, [])
+    return partial(data.pooled_test, sample)
+
+
 @contextmanager
 def _client_store(cfg: BaseModel, run: RunStore) -> Iterator[StateStore | None]:
     """The run's on-disk client-state store (``state:`` set), closed when the run ends; else None."""
@@ -367,8 +382,7 @@ def _open_engine(
     grid: Any,
     client_store: StateStore | None = None,
 ) -> Iterator[Engine]:
-    # no test split (withheld while tuning): no global-model test either
-    pooled_test = data.pooled_test if any(c.n_test for c in data.clients) else None
+    pooled_test = _pooled_test(cfg, data)
     if cfg.engine != "flower" and grid is None:
         with LocalEngine(
             data.clients,
