@@ -163,3 +163,22 @@ def test_kill_9_at_1000_clients_then_resume_is_bit_identical(tmp_path):
     assert resumed.returncode == 0, resumed.stderr
     full = run(quick_config(*common), tmp_path / "full")
     assert_runs_identical(full.run_dir, run_dir)
+
+
+@pytest.mark.parametrize(
+    "method",
+    [
+        ["algorithm.name=scaffold"],  # client control variates
+        ["algorithm.name=ifca", "algorithm.num_clusters=2"],
+        ["algorithm.name=fedem", "algorithm.num_components=2"],
+        ["algorithm.name=pfedmoe"],  # local expert and gate
+    ],
+    ids=lambda m: m[0].partition("=")[2],
+)
+def test_per_client_parts_of_other_methods_go_through_the_store(tmp_path, method):
+    common = ["partition.num_clients=8", "participation=0.5", "rounds=2", "eval_clients=sample:3", *method]
+    in_ram = run(quick_config(*common), tmp_path / "ram")
+    on_disk = run(quick_config(*common, "state.cache_size=2"), tmp_path / "disk")
+    assert_runs_identical(in_ram.run_dir, on_disk.run_dir)
+    with StateStore(on_disk.run_dir / "checkpoints" / "clients") as store:
+        assert len(store) >= 4  # the round's participants (and evaluated clients) have their state there
