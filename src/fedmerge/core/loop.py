@@ -11,7 +11,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from .algorithm import Algorithm
+from .algorithm import Algorithm, ClientRows
 from .seeding import numpy_rng
 from .types import ClientState, Payload, ServerState, Update
 
@@ -102,8 +102,10 @@ def evaluated_rows(report: dict[str, Any], schedule: Schedule, rnd: int, selecte
     ``merge_weights`` (one row per client) is logged for the evaluated clients only, as
     ``merge_weights_clients`` ({client id: row}), so that no log row grows with the population."""
     weights = report.get("merge_weights")
-    if schedule.eval_clients == "all" or not isinstance(weights, list) or len(weights) != schedule.num_clients:
+    if not isinstance(weights, ClientRows | list) or len(weights) != schedule.num_clients:
         return report
+    if schedule.eval_clients == "all":
+        return {**report, "merge_weights": list(weights)}
     rows = {str(c): weights[c] for c in schedule.evaluated(rnd, selected)}
     return {**{k: v for k, v in report.items() if k != "merge_weights"}, "merge_weights_clients": rows}
 
