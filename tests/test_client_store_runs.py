@@ -85,11 +85,19 @@ def test_damaged_state_in_the_store_is_refused_with_one_line(tmp_path):
     assert "Traceback" not in result.output
 
 
-def test_missing_store_and_changed_state_setting_are_refused(tmp_path):
+def test_cache_size_may_change_on_resume_but_not_where_states_live(tmp_path):
+    full = run(quick_config(*DITTO), tmp_path / "full")
     run(quick_config(*DITTO, "state.cache_size=3"), tmp_path / "r", stop_after=1)
-    # the setting itself is in config.yaml; a resume cannot change it (the checkpoint format depends on it)
-    changed = CliRunner().invoke(app, ["run", "--resume", str(tmp_path / "r"), "state.cache_size=5"])
-    assert changed.exit_code == 2 and "cannot change state.cache_size" in changed.output
+    resumed = CliRunner().invoke(app, ["run", "--resume", str(tmp_path / "r"), "state.cache_size=5", "--no-progress"])
+    assert resumed.exit_code == 0, resumed.output
+    assert_runs_identical(full.run_dir, tmp_path / "r")
+    run(quick_config(*DITTO), tmp_path / "ram", stop_after=1)  # states in RAM: a resume cannot move them to disk
+    moved = CliRunner().invoke(app, ["run", "--resume", str(tmp_path / "ram"), "state.cache_size=5", "--no-progress"])
+    assert moved.exit_code == 2 and "no longer matches the checkpoint" in moved.output
+
+
+def test_missing_store_is_refused(tmp_path):
+    run(quick_config(*DITTO, "state.cache_size=3"), tmp_path / "r", stop_after=1)
     store = tmp_path / "r" / "checkpoints" / "clients"
     for f in store.iterdir():
         f.unlink()

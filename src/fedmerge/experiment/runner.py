@@ -42,7 +42,7 @@ from .summary import TIMING_KEYS, build_summary, summarize_eval, summary_markdow
 from .tensorboard_log import ScalarLog, require_tensorboard
 from .tuned import load_tuned_config
 
-RESUME_OVERRIDABLE = {"rounds", "device", "eval_batch_size", "workers"}
+RESUME_OVERRIDABLE = {"rounds", "device", "eval_batch_size", "workers", "state.cache_size"}
 
 
 @dataclass
