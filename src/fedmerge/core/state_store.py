@@ -25,7 +25,8 @@ must survive a power loss (the in-process engine does at each checkpoint).
 
 A bounded LRU cache keeps the ``cache_size`` most recently used decoded states (0: none). States
 returned by :meth:`get` may be the cached objects: treat them as read-only and ``put`` a new one.
-One process writes a store at a time (LMDB's lock serialises writers; readers never block).
+One process writes a store at a time (LMDB's lock serialises writers; readers never block), and a
+process opens a given store once (LMDB refuses a second environment on the same path in one process).
 """
 
 from __future__ import annotations
