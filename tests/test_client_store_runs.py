@@ -188,5 +188,6 @@ def test_per_client_parts_of_other_methods_go_through_the_store(tmp_path, method
     in_ram = run(quick_config(*common), tmp_path / "ram")
     on_disk = run(quick_config(*common, "state.cache_size=2"), tmp_path / "disk")
     assert_runs_identical(in_ram.run_dir, on_disk.run_dir)
+    assert strip_timing(on_disk.summary) == strip_timing(in_ram.summary)  # parameter counts included
     with StateStore(on_disk.run_dir / "checkpoints" / "clients") as store:
         assert len(store) >= 4  # the round's participants (and evaluated clients) have their state there
