@@ -31,6 +31,7 @@ from fedmerge.core.state_store import StateStore, StoredStates
 from fedmerge.core.types import ServerState
 from fedmerge.data import DataUnavailable, FederatedDataset, build_federated_dataset
 from fedmerge.engines.local import LocalEngine
+from fedmerge.engines.vectorized import vectorize_problem
 from fedmerge.engines.workers import set_threads, workers_problem
 from fedmerge.models import build_model, count_parameters
 
@@ -188,6 +189,12 @@ def run_experiment(
         algorithm = entry.obj(cfg.algorithm, model_factory, len(data.clients), cfg.seed)
     except ValueError as exc:  # settings that conflict with the model or the data (e.g. fedlora without LoRA)
         raise ConfigError(f"algorithm {cfg.algorithm.name!r}: {str(exc).splitlines()[0]}") from None
+    if cfg.vectorize:
+        problem = vectorize_problem(algorithm, model)
+        if problem is None and (cfg.engine != "local" or cfg.workers != 1):
+            problem = "vectorize: batched clients are an option of engine=local with workers=1"
+        if problem is not None:
+            raise ConfigError(problem)
     store = RunStore(run_dir if run_dir is not None else new_run_dir(cfg.output_dir, cfg.name))
     with _client_store(cfg, store) as states, _open_engine(cfg, data, model, device, grid, states) as engine:
         groups = data.groups()
@@ -393,6 +400,7 @@ def _open_engine(
             eval_batch_size=cfg.eval_batch_size,
             workers=cfg.workers,
             states=None if client_store is None else StoredStates(client_store, device),
+            vectorize=cfg.vectorize,
         ) as engine:
             yield engine
         return
