@@ -8,7 +8,7 @@ pass once more. :class:`GroupedEvaluator` therefore
 
 - evaluates the clients whose personalised model *is* their payload (the same tensor objects, shared
   by every client of a global-model method) in one pass over their concatenated val and test splits,
-  and reuses the test pass for the global model's pooled test when it covers every client;
+  and reuses the test pass for the global model's pooled test when it covers the same rows;
 - reuses a client's metrics when its personalised weights are the very tensors it was last
   evaluated with, unmodified (e.g. Local's clients that did not train since);
 - concatenates the inputs once and keeps them, as long as the same clients are evaluated.
@@ -86,9 +86,10 @@ class GroupedEvaluator:
         self.clients = clients
         self.model = model
         self.batch_size = batch_size
-        self._inputs: dict[str, _Inputs] = {}  # per split, for the clients last evaluated together
+        self._inputs: tuple[tuple[int, ...], dict[str, _Inputs]] | None = None  # the last group's splits
         self._seen: dict[int, tuple[_Fingerprint, Metrics]] = {}  # per client, its last weights and metrics
-        self._test_pass: tuple[_Fingerprint, torch.Tensor] | None = None  # all clients' test logits
+        self._test_pass: tuple[_Fingerprint, _Inputs, torch.Tensor] | None = None  # the last test pass
+        self._pooled_match: _Inputs | None = None  # a test concatenation found equal to the pooled test
         self._checked: set[str] = set()  # splits whose grouped logits were checked once
         self.grouping = True  # False once a check failed: every client takes the per-client path
 
@@ -132,32 +133,35 @@ class GroupedEvaluator:
     def _evaluate_group(self, weights: Weights, cids: list[int]) -> dict[int, Metrics]:
         load_state(self.model, weights)
         out: dict[int, Metrics] = {cid: {} for cid in cids}
-        for split in SPLITS:
-            inputs = self._concatenated(split, tuple(cids))
-            if inputs is None:
-                continue
+        for split, inputs in self._concatenated(tuple(cids)).items():
             logits, pooled = self._predict(inputs, split)
-            if split == "test" and pooled is not None and inputs.cids == tuple(range(len(self.clients))):
-                self._test_pass = (_Fingerprint.of(weights), pooled)
+            if split == "test" and pooled is not None:
+                self._test_pass = (_Fingerprint.of(weights), inputs, pooled)
             for cid, metrics in zip(inputs.cids, segment_metrics(logits, inputs.y, inputs.bounds)):
                 out[cid].update({f"{split}_{k}": v for k, v in metrics.items()})
         return out
 
-    def _concatenated(self, split: str, cids: tuple[int, ...]) -> _Inputs | None:
-        held = self._inputs.get(split)
-        if held is not None and held.cids == tuple(c for c in cids if _split(self.clients[c], split) is not None):
-            return held
-        parts = [(c, _split(self.clients[c], split)) for c in cids]
-        parts = [(c, p) for c, p in parts if p is not None]
-        if not parts:
-            return None
-        bounds = [0]
-        for _, (_, y) in parts:
-            bounds.append(bounds[-1] + int(y.shape[0]))
-        x = torch.cat([x for _, (x, _) in parts])
-        y = torch.cat([y for _, (_, y) in parts])
-        self._inputs[split] = held = _Inputs(tuple(c for c, _ in parts), x, y, bounds)
-        return held
+    def _concatenated(self, cids: tuple[int, ...]) -> dict[str, _Inputs]:
+        """Each split's rows of ``cids`` (those with any), concatenated once for as long as the same
+        clients are evaluated together: a client's data is read once here, not once per evaluation."""
+        if self._inputs is not None and self._inputs[0] == cids:
+            return self._inputs[1]
+        self._inputs = None  # the old concatenation is freed before the new one is built
+        parts: dict[str, list[tuple[int, torch.Tensor, torch.Tensor]]] = {split: [] for split in SPLITS}
+        for c in cids:
+            data = self.clients[c]  # for clients that are views of a pool, this gathers the rows
+            for split in SPLITS:
+                got = _split(data, split)
+                if got is not None:
+                    parts[split].append((c, *got))
+        out = {}
+        for split, rows in parts.items():
+            if rows:
+                bounds = [0, *torch.tensor([int(y.shape[0]) for _, _, y in rows]).cumsum(0).tolist()]
+                x, y = torch.cat([x for _, x, _ in rows]), torch.cat([y for _, _, y in rows])
+                out[split] = _Inputs(tuple(c for c, _, _ in rows), x, y, bounds)
+        self._inputs = (cids, out)
+        return out
 
     def _predict(self, inputs: _Inputs, split: str) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(each row's logits as the per-client path computes them, the logits as ``predict_logits``
@@ -197,13 +201,18 @@ class GroupedEvaluator:
             self.grouping = False
             raise _NotRowIndependent
 
-    def pooled_test_logits(self, weights: Weights, n_rows: int) -> torch.Tensor | None:
-        """The logits of the last evaluation's pass over every client's test split, if it used exactly
-        ``weights`` and is the pass ``predict_logits`` makes over the pooled test (``n_rows`` rows)."""
+    def pooled_test_logits(self, weights: Weights, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
+        """``predict_logits`` of ``weights`` on the pooled test (x, y), when the last evaluation's test
+        pass made exactly that: the same weights, unmodified, over the same rows (checked once per
+        concatenation: e.g. every client's test split, or those of a fixed ``sample:K``)."""
         if self._test_pass is None or not self._test_pass[0].matches(weights):
             return None
-        logits = self._test_pass[1]
-        return logits if logits.shape[0] == n_rows else None
+        _, inputs, logits = self._test_pass
+        if inputs is not self._pooled_match:
+            if inputs.x.shape != x.shape or not (torch.equal(inputs.x, x) and torch.equal(inputs.y, y)):
+                return None
+            self._pooled_match = inputs
+        return logits
 
 
 class _NotRowIndependent(Exception):

@@ -61,8 +61,7 @@ class LocalEngine:
         self._pool: WorkerPool | None = None
         self._pool_algorithm: Algorithm | None = None
         self._evaluator = GroupedEvaluator(clients, self.model, eval_batch_size)
-        self._pooled: tuple[torch.Tensor, torch.Tensor, bool] | None = None  # pooled test, and whether
-        # it is the clients' test splits in client order (then the evaluator's test pass serves it)
+        self._pooled: tuple[torch.Tensor, torch.Tensor] | None = None  # the pooled test, made once
 
     def __enter__(self) -> LocalEngine:
         return self
@@ -187,11 +186,9 @@ class LocalEngine:
         if weights is None or self.pooled_test is None:
             return None
         if self._pooled is None:  # the data never change: concatenate once
-            x, y = self.pooled_test()
-            parts = [c.x_test for c in self.clients if c.y_test.numel()]
-            self._pooled = x, y, bool(parts) and torch.equal(x, torch.cat(parts))
-        x, y, is_concat = self._pooled
-        logits = self._evaluator.pooled_test_logits(weights, int(y.shape[0])) if is_concat else None
+            self._pooled = self.pooled_test()
+        x, y = self._pooled
+        logits = self._evaluator.pooled_test_logits(weights, x, y)
         if logits is None:
             self.model.load_state_dict({k: v.to(self.device) for k, v in weights.items()})
             logits = predict_logits(self.model, x, self.eval_batch_size)
