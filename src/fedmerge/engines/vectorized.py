@@ -122,8 +122,20 @@ def train_stack(
     total = max(steps, default=0)
     width = max((len(idx) for p in plans for idx in p), default=0)
     k = len(tasks)
-    # indices and masks go to the device once, not once per step: no host copy inside the loop
-    plans = [list(torch.cat(p).to(device).split([len(i) for i in p])) if p else [] for p in plans]
+    # The round's training rows in one tensor, and every step's (K, width) rows into it with the
+    # weights 1/batch (0 for padding), made once: a step is one gather, and nothing crosses to the
+    # device inside the loop.
+    dtype = stack[names[0]].dtype
+    x_all = torch.cat([d.x_train for d in data]).to(device)
+    y_all = torch.cat([d.y_train for d in data]).to(device)
+    starts = torch.tensor([0, *[int(d.y_train.shape[0]) for d in data]]).cumsum(0).tolist()
+    rows = torch.zeros((total, k, width), dtype=torch.long)
+    weight = torch.zeros((total, k, width), dtype=dtype)
+    for i, plan in enumerate(plans):
+        for t, idx in enumerate(plan):
+            rows[t, i, : len(idx)] = idx + starts[i]
+            weight[t, i, : len(idx)] = 1.0 / len(idx)  # the mean over the client's own batch
+    rows, weight = rows.to(device), weight.to(device)
     active = torch.tensor([[t < s for s in steps] for t in range(total)], device=device).view(total, k)
     prox = any(t.prox_mu > 0 for t in tasks)
     momentum: dict[str, torch.Tensor] = {}
@@ -135,18 +147,8 @@ def train_stack(
         return (F.cross_entropy(logits, y, reduction="none") * w).sum()
 
     batched = vmap(client_loss)
-    x0 = data[0].x_train
     for step in range(total):
-        xb = torch.zeros((k, width, *x0.shape[1:]), dtype=x0.dtype, device=device)
-        yb = torch.zeros((k, width), dtype=torch.long, device=device)
-        wb = torch.zeros((k, width), dtype=stack[names[0]].dtype, device=device)
-        for i, plan in enumerate(plans):
-            if step < len(plan):
-                idx = plan[step]
-                xb[i, : len(idx)] = data[i].x_train[idx]
-                yb[i, : len(idx)] = data[i].y_train[idx]
-                wb[i, : len(idx)] = 1.0 / len(idx)  # the mean over the client's own batch
-        task = batched(stack, xb, yb, wb)  # (K,) mean task loss per client
+        task = batched(stack, x_all[rows[step]], y_all[rows[step]], weight[step])  # (K,) mean loss per client
         loss = task.sum()
         if prox:
             for n in names:
@@ -155,7 +157,7 @@ def train_stack(
         grads = torch.autograd.grad(loss, [stack[n] for n in names])
         loss_sums += torch.where(active[step], task.detach().double(), 0.0)
         with torch.no_grad():
-            gate = active[step].to(wb.dtype)
+            gate = active[step].to(dtype)
             for n, g in zip(names, grads):
                 p = stack[n]
                 d_p = g + cfg.weight_decay * p if cfg.weight_decay else g
