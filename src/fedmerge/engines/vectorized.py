@@ -69,12 +69,11 @@ def fit_vectorized(
         ctx, payload, state = prepare(cid)
         jobs.append((cid, ctx, payload, state, algorithm.plain_sgd(payload, state)))
     tasks = [job[4] for job in jobs]
-    trained, losses, steps = train_stack(
-        model, tasks, [clients[c] for c in cids], cfg, [job[1].generator("train") for job in jobs]
-    )
+    datas = [clients[c] for c in cids]  # pooled-view clients gather their rows here, once
+    trained, losses, steps = train_stack(model, tasks, datas, cfg, [job[1].generator("train") for job in jobs])
     out = {}
     for k, (cid, ctx, payload, state, task) in enumerate(jobs):
-        data = clients[cid]
+        data = datas[k]
         weights = {name: t[k].detach().clone() for name, t in trained.items()}
         meta: dict[str, Any] = {"num_examples": int(data.y_train.shape[0]), "train_loss": losses[k], "steps": steps[k]}
         meta.update(_gap_losses(model, algorithm, data, ctx, task.start, weights))
