@@ -87,6 +87,10 @@ def test_unchanged_personal_weights_reuse_their_metrics_and_changed_ones_do_not(
     assert changed[6] == first[6] and changed[3] != first[3]
     ctx = engine._context(3, 3, "evaluate")
     assert changed[3] == evaluate_client(algo, payloads[3], data[3], engine.client_states()[3], ctx)
+    # an entry whose weights are freed is dropped at once (nothing could ever match it again)
+    assert 6 in engine._evaluator._seen
+    engine.load_client_states({c: s.clone() for c, s in engine.client_states().items()})
+    assert 6 not in engine._evaluator._seen
 
 
 class BatchDependent(nn.Module):

@@ -28,6 +28,7 @@ import logging
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 from torch import nn
@@ -60,8 +61,9 @@ class _Fingerprint:
     refs: list[tuple[str, weakref.ref, int]]
 
     @classmethod
-    def of(cls, weights: Weights) -> _Fingerprint:
-        return cls([(k, weakref.ref(v), v._version) for k, v in weights.items()])
+    def of(cls, weights: Weights, on_free: Callable[[weakref.ref], None] | None = None) -> _Fingerprint:
+        """``on_free`` runs when one of the tensors is freed (the fingerprint can then never match)."""
+        return cls([(k, weakref.ref(v, on_free), v._version) for k, v in weights.items()])
 
     def matches(self, weights: Weights) -> bool:
         return len(self.refs) == len(weights) and all(
@@ -116,7 +118,8 @@ class GroupedEvaluator:
                 continue
             results[cid] = evaluate_client(algorithm, payload, data, state, ctx, self.batch_size, variants)
             if isinstance(weights, dict):
-                self._seen[cid] = (_Fingerprint.of(weights), dict(results[cid]))
+                # the entry goes when its weights do (e.g. states read from disk are new tensors each time)
+                self._seen[cid] = (_Fingerprint.of(weights, partial(_forget, self._seen, cid)), dict(results[cid]))
         for weights, cids in groups.values():
             try:
                 results.update(self._evaluate_group(weights, cids))
@@ -213,6 +216,12 @@ class GroupedEvaluator:
                 return None
             self._pooled_match = inputs
         return logits
+
+
+def _forget(seen: dict[int, tuple[_Fingerprint, Metrics]], cid: int, ref: weakref.ref) -> None:
+    entry = seen.get(cid)
+    if entry is not None and any(r is ref for _, r, _ in entry[0].refs):
+        del seen[cid]
 
 
 class _NotRowIndependent(Exception):
