@@ -107,7 +107,8 @@ def copy_state(model: nn.Module) -> StateDict:
     table = _table(model)
     if not table.plain:
         return {k: v.detach().clone() for k, v in model.state_dict().items()}
-    return {k: t.detach().clone() for k, t in table.tensors()}
+    with torch.no_grad():  # a clone without the graph: one operation per tensor instead of two
+        return {k: t.clone() for k, t in table.tensors()}
 
 
 def set_train_mode(model: nn.Module, mode: bool = True) -> None:

@@ -87,7 +87,7 @@ def iterate_minibatches(
     steps = 0
     while True:
         perm = torch.randperm(n, generator=generator)
-        if device is not None:
+        if device is not None and device != perm.device:
             perm = perm.to(device)
         for sl in batch_slices(n, batch_size):
             yield perm[sl]

@@ -39,7 +39,9 @@ class Record:
         return sum(t.numel() for t in self.tensors.values() if t.is_floating_point())
 
     def to(self, device: torch.device | str) -> Record:
-        return type(self)({k: v.to(device) for k, v in self.tensors.items()}, dict(self.meta))
+        # tensors already there are kept as they are (what .to returns), without a call per tensor
+        dev = torch.device(device)
+        return type(self)({k: v if v.device == dev else v.to(dev) for k, v in self.tensors.items()}, dict(self.meta))
 
     def clone(self) -> Record:
         return type(self)({k: v.detach().clone() for k, v in self.tensors.items()}, json.loads(json.dumps(self.meta)))
