@@ -70,6 +70,7 @@ def run(
     """Run an experiment (the built-in FedAvg on UCI digits when no config is given)."""
     from fedmerge.core.checkpoint import CheckpointError
     from fedmerge.core.loop import RoundFailed
+    from fedmerge.core.state_store import StateStoreError
     from fedmerge.experiment.runner import run_from_files
 
     config_path, overrides = _split_args(args)
@@ -92,7 +93,7 @@ def run(
         )
     except _user_errors() as exc:
         _fail(str(exc), 2)
-    except (CheckpointError, RoundFailed) as exc:
+    except (CheckpointError, StateStoreError, RoundFailed) as exc:
         _fail(str(exc), 1)
     except KeyboardInterrupt:
         _fail("interrupted; continue with: fedmerge run --resume RUN_DIR", 130)
@@ -283,7 +284,9 @@ def report(
     out.print(f"report written to {path}", soft_wrap=True, highlight=False)
 
 
-KIND_ARG = typer.Argument(None, help="algorithm, dataset, partition, model, or a section: run, split, noise, flower")
+KIND_ARG = typer.Argument(
+    None, help="algorithm, dataset, partition, model, or a section: run, split, noise, flower, log, state"
+)
 NAME_ARG = typer.Argument(None, help="a registered name (e.g. fedmerge): print its options")
 
 
@@ -303,7 +306,7 @@ def list_components(kind: str | None = KIND_ARG, name: str | None = NAME_ARG) ->
         out.print(known)
         out.print(
             "options of one component: fedmerge list KIND NAME (e.g. fedmerge list algorithm fedmerge); "
-            "other settings: fedmerge list run | split | noise | flower",
+            "other settings: fedmerge list run | split | noise | flower | log | state",
             soft_wrap=True,
             highlight=False,
         )

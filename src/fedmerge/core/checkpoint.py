@@ -8,6 +8,19 @@ Layout in a checkpoint folder::
 Both files are written to a temporary name, fsynced and renamed, so a crash (even ``kill -9``)
 leaves either the previous or the new checkpoint, never half of one. ``latest.json`` is written
 last and carries the SHA-256 of the data file: a truncated or altered file is refused.
+
+Incremental checkpoints (client states in a :class:`StateStore`, config key ``state:``)::
+
+    round-000012.safetensors   server state only; its metadata names the store ("client_store")
+    clients/                   the LMDB store: each client's versions, tagged by round
+    latest.json                as above
+
+A client's state is written to the store when its round produces it, so a round's checkpoint adds
+only the states that changed. Saving round ``r`` fsyncs the store, writes the server file and
+``latest.json``, deletes the round files beyond ``keep`` and prunes the store to the oldest round
+file kept (:meth:`StateStore.prune`): every kept round file can still be resumed from, and a client
+holds at most two versions with ``checkpoint_every: 1``. Resuming from round ``c`` rewinds the store
+to ``c`` (:meth:`StateStore.rewind`): versions of rounds never checkpointed are dropped and redone.
 """
 
 from __future__ import annotations
@@ -19,9 +32,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .state_store import StateStore
 from .types import ClientState, Record, ServerState
 
 LATEST = "latest.json"
+CLIENT_STORE = "clients"  # the state store's folder inside the checkpoint folder
 
 
 class CheckpointError(RuntimeError):
@@ -34,6 +49,7 @@ class Checkpoint:
     server_state: ServerState
     client_states: dict[int, ClientState]
     meta: dict[str, Any] = field(default_factory=dict)
+    client_store: str | None = None  # incremental checkpoint: client states are in this store folder
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -63,26 +79,28 @@ def save_checkpoint(
     folder: Path,
     round_idx: int,
     server_state: ServerState,
-    client_states: dict[int, ClientState],
+    client_states: dict[int, ClientState] | StateStore,
     meta: dict[str, Any] | None = None,
     keep: int = 2,
 ) -> Path:
+    """Checkpoint round ``round_idx``: every client state in the file, or (``client_states`` a
+    :class:`StateStore` in ``folder/clients``) only the server state, committing the store's states."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     tensors = {f"server/{k}": v for k, v in server_state.tensors.items()}
     client_meta: dict[str, Any] = {}
-    for cid, cs in sorted(client_states.items()):
-        tensors.update({f"client/{cid}/{k}": v for k, v in cs.tensors.items()})
-        client_meta[str(cid)] = cs.meta
-    record = Record(
-        tensors,
-        {
-            "round": round_idx,
-            "server_meta": server_state.meta,
-            "client_meta": client_meta,
-            "meta": meta or {},
-        },
-    )
+    header = {"round": round_idx, "server_meta": server_state.meta, "client_meta": client_meta, "meta": meta or {}}
+    store = client_states if isinstance(client_states, StateStore) else None
+    if store is not None:
+        if store.path.resolve() != (folder / CLIENT_STORE).resolve():
+            raise ValueError(f"the client-state store must be {folder / CLIENT_STORE}, not {store.path}")
+        store.flush()  # the states this round produced are on disk before the file that commits them
+        header["client_store"] = CLIENT_STORE
+    else:
+        for cid, cs in sorted(client_states.items()):
+            tensors.update({f"client/{cid}/{k}": v for k, v in cs.tensors.items()})
+            client_meta[str(cid)] = cs.meta
+    record = Record(tensors, header)
     data = record.to_bytes()
     path = folder / f"round-{round_idx:06d}.safetensors"
     atomic_write_bytes(path, data)
@@ -91,11 +109,20 @@ def save_checkpoint(
     for old in sorted(folder.glob("round-*.safetensors"))[:-keep] if keep > 0 else []:
         if old.name != path.name:
             old.unlink(missing_ok=True)
+    if store is not None:
+        kept = [_file_round(f) for f in folder.glob("round-*.safetensors")]
+        store.prune(min([r for r in kept if r is not None and r <= round_idx], default=round_idx))
     return path
 
 
-def load_checkpoint(folder: Path) -> Checkpoint:
-    """Load the checkpoint ``latest.json`` points to, verifying its checksum."""
+def _file_round(path: Path) -> int | None:
+    digits = path.name.removeprefix("round-").removesuffix(".safetensors")
+    return int(digits) if digits.isdigit() else None
+
+
+def load_checkpoint(folder: Path, with_clients: bool = True) -> Checkpoint:
+    """Load the checkpoint ``latest.json`` points to, verifying its checksum. ``with_clients=False``
+    leaves an incremental checkpoint's client states in their store (a resumed run reads them lazily)."""
     folder = Path(folder)
     pointer_path = folder / LATEST
     if not pointer_path.exists():
@@ -115,7 +142,7 @@ def load_checkpoint(folder: Path) -> Checkpoint:
             f"checkpoint {path} is corrupt or truncated (sha256 {actual[:12]}... != recorded {expected[:12]}...); "
             "refusing to load it"
         )
-    checkpoint = parse_checkpoint(path, data)
+    checkpoint = parse_checkpoint(path, data, with_clients)
     if checkpoint.round != round_idx:
         raise CheckpointError(f"checkpoint {path} holds round {checkpoint.round}, {LATEST} says {round_idx}")
     return checkpoint
@@ -127,7 +154,7 @@ def newest_checkpoint_file(folder: Path) -> Path | None:
     return files[-1] if files else None
 
 
-def parse_checkpoint(path: Path, data: bytes | None = None) -> Checkpoint:
+def parse_checkpoint(path: Path, data: bytes | None = None, with_clients: bool = True) -> Checkpoint:
     """Read one checkpoint file as it is (no checksum: :func:`load_checkpoint` verifies one first)."""
     path = Path(path)
     if data is None:
@@ -148,4 +175,19 @@ def parse_checkpoint(path: Path, data: bytes | None = None) -> Checkpoint:
         else:
             cid, _, name = rest.partition("/")
             clients[int(cid)].tensors[name] = value
-    return Checkpoint(round_idx, server, clients, record.meta.get("meta", {}))
+    store = record.meta.get("client_store")
+    if store is not None:
+        if not (path.parent / store / "data.mdb").is_file():
+            raise CheckpointError(
+                f"checkpoint {path} keeps its client states in {path.parent / store}, which is missing"
+            )
+        if with_clients:
+            clients = read_store_states(path.parent / store, round_idx)
+    return Checkpoint(round_idx, server, clients, record.meta.get("meta", {}), store)
+
+
+def read_store_states(folder: Path, round_idx: int) -> dict[int, ClientState]:
+    """Every client's state as of round ``round_idx`` from the store in ``folder`` (reads them all)."""
+    with StateStore(folder, cache_size=0) as store:
+        states = {cid: store.get(cid, max_round=round_idx) for cid in store.ids()}
+    return {cid: s for cid, s in states.items() if s is not None}

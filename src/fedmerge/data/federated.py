@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
@@ -53,7 +54,7 @@ class ClientData:
 
 @dataclass
 class FederatedDataset:
-    clients: list[ClientData]
+    clients: Sequence[ClientData]  # a list, or views into one pooled tensor (data.views.PooledClients)
     num_classes: int
     input_shape: tuple[int, ...]
     name: str
@@ -64,10 +65,20 @@ class FederatedDataset:
         return len(self.clients)
 
     def to(self, device: torch.device | str) -> FederatedDataset:
+        if hasattr(self.clients, "to"):  # views into one pool (data.views.PooledClients): move the pool once
+            return replace(self, clients=self.clients.to(device))
         return replace(self, clients=[c.to(device) for c in self.clients])
 
-    def pooled_test(self) -> tuple[torch.Tensor, torch.Tensor]:
-        return torch.cat([c.x_test for c in self.clients]), torch.cat([c.y_test for c in self.clients])
+    def pooled_test(self, cids: Sequence[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The test splits of clients ``cids`` (None: every client), concatenated."""
+        clients = self.clients if cids is None else [self.clients[c] for c in cids]
+        return torch.cat([c.x_test for c in clients]), torch.cat([c.y_test for c in clients])
+
+    def groups(self) -> list[int | None]:
+        """Each client's group (cluster/domain partitions), without gathering any client's data."""
+        if hasattr(self.clients, "group_list"):
+            return self.clients.group_list()
+        return [c.group for c in self.clients]
 
     def summary(self) -> list[dict]:
         return [

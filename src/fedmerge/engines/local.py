@@ -12,6 +12,7 @@ from torch import nn
 
 from fedmerge.core.algorithm import Algorithm, ClientContext, ClientDataLike
 from fedmerge.core.seeding import derive_seed
+from fedmerge.core.state_store import MemoryStates, StoredStates
 from fedmerge.core.training import predict_logits
 from fedmerge.core.types import ClientState, Payload, ServerState, Update
 from fedmerge.metrics import classification_metrics
@@ -26,7 +27,8 @@ class LocalEngine:
     """Runs client updates sequentially in this process, or in ``workers`` worker processes.
 
     Holds the client data (already on ``device``), one model object reused by every client,
-    and the ClientState store keyed by client id. Worker processes are forked on the first call
+    and the ClientState store keyed by client id (a dict, or ``states``: an on-disk
+    :class:`StoredStates`). Worker processes are forked on the first call
     and inherit all of it; the states stay here and travel with each task. Use the engine as a
     context manager (or call :meth:`close`) to stop the workers.
     """
@@ -41,6 +43,7 @@ class LocalEngine:
         eval_batch_size: int = 1024,
         on_client_done: Callable[[int], None] | None = None,
         workers: int = 1,
+        states: StoredStates | None = None,
     ) -> None:
         self.clients = clients
         self.model = model.to(device)
@@ -49,7 +52,7 @@ class LocalEngine:
         self.pooled_test = pooled_test
         self.eval_batch_size = eval_batch_size
         self.on_client_done = on_client_done
-        self._states: dict[int, ClientState] = {}
+        self._states: MemoryStates | StoredStates = MemoryStates() if states is None else states
         self.workers = workers
         self._pool: WorkerPool | None = None
         self._pool_algorithm: Algorithm | None = None
@@ -67,11 +70,11 @@ class LocalEngine:
             self._pool = self._pool_algorithm = None
 
     # --- client state store --------------------------------------------------------------
-    def client_states(self) -> dict[int, ClientState]:
+    def client_states(self) -> MemoryStates | StoredStates:
         return self._states
 
     def load_client_states(self, states: dict[int, ClientState]) -> None:
-        self._states = {cid: s.to(self.device) for cid, s in states.items()}
+        self._states = MemoryStates({cid: s.to(self.device) for cid, s in states.items()})
 
     def _context(self, rnd: int, cid: int, purpose: str) -> ClientContext:
         # Seed torch's global RNG per (round, client) too, so any module that draws from it
@@ -129,7 +132,8 @@ class LocalEngine:
         updates: dict[int, Update] = {}
 
         def done(cid: int, result: tuple[Update, ClientState]) -> None:
-            updates[cid], self._states[cid] = result
+            updates[cid] = result[0]
+            self._states.put(cid, result[1], rnd)
             if self.on_client_done is not None:
                 self.on_client_done(cid)
 
@@ -142,7 +146,7 @@ class LocalEngine:
         def done(cid: int, result: tuple[Metrics, ClientState | None]) -> None:
             results[cid], new_state = result
             if new_state is not None:
-                self._states[cid] = new_state
+                self._states.put(cid, new_state, rnd)
 
         self._map(algorithm, "evaluate", rnd, payloads, done)
         return {cid: results[cid] for cid in sorted(results)}

@@ -8,7 +8,7 @@ from pydantic import BaseModel
 from fedmerge.core.registry import Registry
 from fedmerge.data import NoiseConfig, SplitConfig
 
-from .config import COMPONENT_SECTIONS, FlowerSettings, LogSettings, RunSettings
+from .config import COMPONENT_SECTIONS, FlowerSettings, LogSettings, RunSettings, StateSettings
 from .schema_docs import did_you_mean
 
 REGISTRIES: dict[str, Registry] = COMPONENT_SECTIONS
@@ -18,6 +18,7 @@ SECTIONS: dict[str, type[BaseModel]] = {
     "noise": NoiseConfig,
     "flower": FlowerSettings,
     "log": LogSettings,
+    "state": StateSettings,
 }
 _KIND_WORDS = {"algorithms": "algorithm", "datasets": "dataset", "partitioner": "partition", "models": "model"}
 _KIND_WORDS |= {"partitioners": "partition", "partitions": "partition", "settings": "run"}

@@ -66,6 +66,17 @@ class LogSettings(BaseModel):
     )
 
 
+class StateSettings(BaseModel):
+    """``state:`` section: client states on disk (engine=local), for populations whose states do not fit in RAM.
+
+    States live in an LMDB store in RUN_DIR/checkpoints/clients; each checkpoint then writes the server
+    state plus only the client states its round changed. Results are the same as with states in memory."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    cache_size: int = Field(256, ge=0, description="client states kept decoded in memory (least recently used go)")
+
+
 class RunSettings(BaseModel):
     """Fields that are not components: the schedule, engine and outputs."""
 
@@ -88,6 +99,10 @@ class RunSettings(BaseModel):
     engine: Literal["local", "flower"] = Field("local", description="local: in-process; flower: Flower (simulation)")
     # None: defaults; omitted from config.yaml so local runs are unchanged
     flower: FlowerSettings | None = Field(None, description="Flower settings (fedmerge list flower)")
+    # None: states in memory; omitted from config.yaml so that existing run folders stay unchanged
+    state: StateSettings | None = Field(
+        None, description="keep client states on disk with incremental checkpoints (fedmerge list state); null: in RAM"
+    )
     # None: defaults; omitted from config.yaml so that existing run folders stay unchanged
     log: LogSettings | None = Field(None, description="extra outputs (fedmerge list log)")
     device: str = Field("cpu", pattern=r"^(cpu|cuda(:\d+)?|mps|auto)$", description="cpu, cuda, cuda:N, mps or auto")
@@ -344,5 +359,5 @@ def defaults_left_out(cfg: BaseModel) -> set[str]:
 
 
 def to_yaml(cfg: BaseModel) -> str:
-    exclude = {k for k in ("flower", "log") if getattr(cfg, k, None) is None} | defaults_left_out(cfg)
+    exclude = {k for k in ("flower", "log", "state") if getattr(cfg, k, None) is None} | defaults_left_out(cfg)
     return yaml.safe_dump(cfg.model_dump(mode="json", exclude=exclude or None), sort_keys=False)

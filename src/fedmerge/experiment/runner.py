@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from pydantic import BaseModel
 
 from fedmerge.algorithms import ALGORITHMS, Algorithm
 from fedmerge.core.checkpoint import (
+    CLIENT_STORE,
     LATEST,
     Checkpoint,
     CheckpointError,
@@ -24,7 +26,8 @@ from fedmerge.core.checkpoint import (
     parse_checkpoint,
     save_checkpoint,
 )
-from fedmerge.core.loop import Engine, Schedule, run_rounds
+from fedmerge.core.loop import Engine, Schedule, parse_eval_clients, run_rounds
+from fedmerge.core.state_store import StateStore, StoredStates
 from fedmerge.core.types import ServerState
 from fedmerge.data import DataUnavailable, FederatedDataset, build_federated_dataset
 from fedmerge.engines.device import DeviceUnavailable
@@ -117,7 +120,10 @@ def _first_line(exc: BaseException) -> str:
 def config_digest(cfg: BaseModel) -> str:
     # Engine tuning (``flower``: timeouts, retries) and extra outputs (``log``) do not change the
     # numbers a run produces.
-    fixed = cfg.model_dump(mode="json", exclude=RESUME_OVERRIDABLE | {"flower", "log"} | defaults_left_out(cfg))
+    # Nor does where client states live (``state``): a checkpoint records that itself (``client_store``).
+    fixed = cfg.model_dump(
+        mode="json", exclude=RESUME_OVERRIDABLE | {"flower", "log", "state"} | defaults_left_out(cfg)
+    )
     return hashlib.sha256(repr(sorted(fixed.items())).encode()).hexdigest()
 
 
@@ -133,6 +139,7 @@ def run_experiment(
     checkpoint: str | None = None,
     notify: Notify | None = None,
     withhold_test: bool = False,
+    data: FederatedDataset | None = None,
 ) -> RunResult:
     """Run (or resume) ``cfg``. ``stop_after`` ends after that round, as a crash would (tests).
 
@@ -143,12 +150,15 @@ def run_experiment(
     nodes own their data and their states (docs/deployment.md): the server loads no dataset.
     ``checkpoint``: resume from this file of ``RUN_DIR/checkpoints`` instead of the one ``latest.json``
     names. ``notify``: receives one-line notices (warnings, "resuming from round N of M").
+    ``data``: a dataset already built (benchmarks), used instead of loading ``cfg``'s.
     """
     notify = notify or (lambda message: None)
     if cfg.engine == "flower":
         _require_flower(simulation=grid is None)
     if deployment and grid is None:
         raise ValueError("deployment=True needs the Grid of a ServerApp")
+    if cfg.state is not None and (cfg.engine != "local" or grid is not None):
+        raise ConfigError("state (client states on disk) applies to engine=local; remove it for engine=flower")
     for warning in config_warnings(cfg):
         notify(f"warning: {warning}")
     ckpt = None
@@ -177,12 +187,12 @@ def run_experiment(
         tokens = cfg.dataset.token_length()
         if tokens is not None:
             check_compatibility(cfg, torch.ones(2, tokens, dtype=torch.int64), 2, device)
-        data = load_data(cfg).to(device)
+        data = (load_data(cfg) if data is None else data).to(device)
         if withhold_test:
             data = without_test(data)
         sample = next(c.x_train[:2] for c in data.clients if c.n_train)
         num_classes, input_shape = data.num_classes, data.input_shape
-        num_clients, groups = len(data.clients), [c.group for c in data.clients]
+        num_clients, groups = len(data.clients), data.groups()
     model = check_compatibility(cfg, sample, num_classes, device)
 
     def model_factory(generator: torch.Generator) -> torch.nn.Module:
@@ -196,9 +206,12 @@ def run_experiment(
     store = RunStore(run_dir if run_dir is not None else new_run_dir(cfg.output_dir, cfg.name))
     if federation is not None:
         (store.dir / "federation.json").write_text(json.dumps(federation_summary(federation), indent=1) + "\n")
-    with _open_engine(cfg, data, model, device, grid, federation) as engine:
+    with (
+        _client_store(cfg, store) as states,
+        _open_engine(cfg, data, model, device, grid, states, federation) as engine,
+    ):
         segment = _Segment(resume, ckpt, show_progress, stop_after, notify)
-        return _run(cfg, store, algorithm, model, engine, device, groups, segment)
+        return _run(cfg, store, algorithm, model, engine, device, groups, segment, states)
 
 
 Notify = Callable[[str], None]
@@ -226,10 +239,11 @@ def resume_checkpoint(run_dir: Path, cfg: BaseModel, file: str | None = None) ->
     (checksum verified). None when the run stopped before its first checkpoint. A folder whose
     ``latest.json`` is gone while round files remain is refused: restarting would discard them."""
     folder = run_dir / CHECKPOINT_DIR
+    with_clients = getattr(cfg, "state", None) is None  # a store's states are read as clients need them
     if file is not None and not _latest_names(folder, file):
-        ckpt = parse_checkpoint(Path(file) if Path(file).is_file() else folder / Path(file).name)
+        ckpt = parse_checkpoint(Path(file) if Path(file).is_file() else folder / Path(file).name, None, with_clients)
     elif (folder / LATEST).exists():
-        ckpt = load_checkpoint(folder)  # checksum verified
+        ckpt = load_checkpoint(folder, with_clients)  # checksum verified
     else:
         newest = newest_checkpoint_file(folder)
         if newest is None:
@@ -238,7 +252,7 @@ def resume_checkpoint(run_dir: Path, cfg: BaseModel, file: str | None = None) ->
             f"{folder / LATEST} is missing but checkpoints remain (newest: {newest.name}); to continue from it: "
             f"fedmerge run --resume {run_dir} --checkpoint {newest.name}"
         )
-    if ckpt.meta.get("config_digest") != config_digest(cfg):
+    if ckpt.meta.get("config_digest") != config_digest(cfg) or (ckpt.client_store is None) != with_clients:
         raise ConfigError(f"{run_dir}: config.yaml no longer matches the checkpoint; refusing to resume")
     return ckpt
 
@@ -252,6 +266,7 @@ def _run(
     device: torch.device,
     groups: list[int | None],
     segment: _Segment,
+    client_store: StateStore | None = None,
 ) -> RunResult:
     num_clients = len(groups)
     schedule = Schedule(cfg.rounds, num_clients, cfg.participation, cfg.eval_every, cfg.seed, cfg.eval_clients)
@@ -265,12 +280,15 @@ def _run(
         earlier_seconds = max((r.get("elapsed_seconds", 0.0) for r in store.read_metrics()), default=0.0)
         if ckpt is not None:
             state = ckpt.server_state.to(device)
-            engine.load_client_states(ckpt.client_states)
             if hasattr(engine, "restore"):  # deployment: the rounds of the states the nodes keep
                 engine.restore(ckpt.meta)
             start_round = ckpt.round
+            if client_store is None:
+                engine.load_client_states(ckpt.client_states)
         else:
             state = algorithm.init_server_state().to(device)
+        if client_store is not None:  # states of rounds after the checkpoint are redone
+            client_store.rewind(start_round)
         store.truncate_metrics(start_round)
         segment.notify(f"resuming from round {start_round} of {cfg.rounds}")
     else:
@@ -286,7 +304,7 @@ def _run(
             store.checkpoint_dir,
             rnd,
             server_state,
-            engine.client_states(),
+            engine.client_states() if client_store is None else client_store,
             {"config_digest": digest, **(engine.checkpoint_meta() if hasattr(engine, "checkpoint_meta") else {})},
             keep=cfg.keep_checkpoints,
         )
@@ -383,6 +401,29 @@ def federation_summary(federation: Any) -> dict[str, Any]:
     }
 
 
+def _pooled_test(cfg: BaseModel, data: FederatedDataset) -> Callable[[], tuple[torch.Tensor, torch.Tensor]] | None:
+    """The global model's test set: every client's test split, or with ``eval_clients: sample:K`` those
+    of the K evaluated clients (the same every round), so that no evaluation grows with the population."""
+    has_test = data.clients.has_test() if hasattr(data.clients, "has_test") else any(c.n_test for c in data.clients)
+    if not has_test:  # no test split (withheld while tuning): no global-model test either
+        return None
+    if parse_eval_clients(cfg.eval_clients)[0] != "sample":
+        return data.pooled_test
+    sample = Schedule(cfg.rounds, len(data.clients), seed=cfg.seed, eval_clients=cfg.eval_clients).evaluated(0, [])
+    return partial(data.pooled_test, sample)
+
+
+@contextmanager
+def _client_store(cfg: BaseModel, run: RunStore) -> Iterator[StateStore | None]:
+    """The run's on-disk client-state store (``state:`` set), closed when the run ends; else None."""
+    if cfg.state is None:
+        yield None
+        return
+    # durable=False: each checkpoint fsyncs the store (a killed process loses no committed put anyway)
+    with StateStore(run.checkpoint_dir / CLIENT_STORE, cfg.state.cache_size, durable=False) as store:
+        yield store
+
+
 @contextmanager
 def _open_engine(
     cfg: BaseModel,
@@ -390,10 +431,11 @@ def _open_engine(
     model: torch.nn.Module,
     device: torch.device,
     grid: Any,
+    client_store: StateStore | None = None,
     federation: Any = None,
 ) -> Iterator[Engine]:
-    # no test split (withheld while tuning): no global-model test either; none on a deployed server
-    pooled_test = data.pooled_test if data is not None and any(c.n_test for c in data.clients) else None
+    # none on a deployed server: it has no test set
+    pooled_test = _pooled_test(cfg, data) if data is not None else None
     if cfg.engine != "flower" and grid is None:
         with LocalEngine(
             data.clients,
@@ -403,6 +445,7 @@ def _open_engine(
             pooled_test=pooled_test,
             eval_batch_size=cfg.eval_batch_size,
             workers=cfg.workers,
+            states=None if client_store is None else StoredStates(client_store, device),
         ) as engine:
             yield engine
         return
