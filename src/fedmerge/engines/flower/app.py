@@ -49,7 +49,7 @@ def main(grid: Grid, context: Context) -> None:
             resume_dir=resume,
             show_progress=False,
             grid=grid,
-            deployment=False,  # switched on with node-owned state (next commit)
+            deployment=True,
         )
     except (ConfigError, DataUnavailable, CheckpointError, RoundFailed) as exc:
         print(f"fedmerge: error: {str(exc).splitlines()[0]}", flush=True)

@@ -74,6 +74,26 @@ class FederationError(RoundFailed):
     """The SuperNodes cannot form this federation (bad file, disagreement, duplicate client id)."""
 
 
+POLL_SECONDS = 0.2
+
+
+def send_and_receive(grid: GridLike, messages: list[Message], timeout: float) -> list[Message]:
+    """``grid.send_and_receive``, polling for replies every 0.2 s where the Grid can push and pull
+    (Flower's own loop sleeps 3 s between pulls, which a round pays once per exchange)."""
+    if not (hasattr(grid, "push_messages") and hasattr(grid, "pull_messages")):
+        return list(grid.send_and_receive(messages, timeout=timeout))
+    pending = {i for i in grid.push_messages(messages) if i}
+    replies: list[Message] = []
+    deadline = time.monotonic() + timeout
+    while pending and time.monotonic() < deadline:
+        got = list(grid.pull_messages(pending))
+        replies.extend(got)
+        pending -= {m.metadata.reply_to_message_id for m in got}
+        if pending:
+            time.sleep(POLL_SECONDS)
+    return replies
+
+
 def _query(grid: GridLike, nodes: list[int], mode: str, timeout: float) -> list[tuple[int, dict[str, Any]]]:
     """Ask ``nodes`` who they are; (node, answer) for each node that answered."""
     messages = [
@@ -81,7 +101,7 @@ def _query(grid: GridLike, nodes: list[int], mode: str, timeout: float) -> list[
         for n in nodes
     ]
     out = []
-    for reply in grid.send_and_receive(messages, timeout=timeout):
+    for reply in send_and_receive(grid, messages, timeout):
         node = reply.metadata.src_node_id
         if reply.has_error():
             log.warning("node %s did not say its partition-id: %s", node, _one_line(reply.error.reason))
@@ -282,7 +302,7 @@ class FlowerEngine:
         """Send each client its own payload; return the contents of the good replies by client id."""
         self._rejoin(sorted(payloads))
         messages = [self._message(kind, algorithm, rnd, cid, payload) for cid, payload in sorted(payloads.items())]
-        replies = list(self.grid.send_and_receive(messages, timeout=self.options.round_timeout))
+        replies = send_and_receive(self.grid, messages, self.options.round_timeout)
         # Flower sets each message's id when it is sent; the SuperLink answers for an unreachable
         # node itself, so a reply is matched by the message it answers, else by its sender
         cid_of_message = {
