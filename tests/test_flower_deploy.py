@@ -366,7 +366,7 @@ def test_tls_authenticated_deployment_with_node_owned_data_and_state_survives_ki
 
     nodes = [start_node(i, f"node{i}") for i in range(NODES)]
     out = tmp_path / "runs"
-    settings = "flower.round_timeout=90 flower.connect_timeout=120 eval_every=2 threads=1 name=deployed"
+    settings = "flower.round_timeout=90 flower.connect_timeout=120 eval_every=4 threads=1 name=deployed"
     overrides = f"{' '.join(RUN)} rounds={ROUNDS} {settings}"
     flwr = procs.start(
         "flwr-run", "flwr", "run", str(write_app(tmp_path / "fedmerge-app")), "secure", "--stream",

@@ -25,13 +25,16 @@ DITTO = ["algorithm.name=ditto", "algorithm.lam=0.1"]
 
 
 def export(cfg, folder: Path, edit=None) -> list[Path]:
-    from fedmerge.data.client_files import export_clients
+    """The client files, and the pooled test file (``folder/pooled-test.safetensors``) for the server."""
+    from fedmerge.data.client_files import POOLED_FILE, export_clients, write_pooled_test
     from fedmerge.experiment.runner import load_data
 
     data = load_data(cfg)
     if edit is not None:
         data = edit(data)
-    return export_clients(data, folder)
+    files = export_clients(data, folder)
+    write_pooled_test(data, folder / POOLED_FILE)
+    return files
 
 
 class NodeGrid:
@@ -103,12 +106,12 @@ def deploy(tmp_path, cfg, grid, **kw):
     return run(cfg, tmp_path / "deployed", grid=grid, deployment=True, **kw)
 
 
-def client_rows(run_dir: Path) -> list[dict]:
-    """Metrics rows without timing and without the global model's pooled test (a deployed server has
-    no test set of its own)."""
+def client_rows(run_dir: Path, keep_global: bool = False) -> list[dict]:
+    """Metrics rows without timing and, unless ``keep_global``, without the global model's pooled test
+    (a deployed server has one only when its operator gives it the file)."""
     rows = strip_timing(RunStore(run_dir).read_metrics())
     for r in rows:
-        if "eval" in r:
+        if "eval" in r and not keep_global:
             r["eval"].pop("global", None)
     return rows
 
@@ -138,10 +141,12 @@ def test_deployed_ditto_equals_local_engine_and_server_sees_no_state_or_sample(
 
     monkeypatch.setattr(state_store.StateStore, "put", recording_put)
     grid = NodeGrid(files, tmp_path / "state")
-    deployed = deploy(tmp_path, quick_config(*SMALL, *DITTO, "engine=flower"), grid)
+    pooled = files[0].parent / "pooled-test.safetensors"  # the server operator's optional test set
+    deployed = deploy(tmp_path, quick_config(*SMALL, *DITTO, "engine=flower"), grid, pooled_test=str(pooled))
 
-    # per-client metrics (and every training figure) bit-identical to the local engine
-    assert client_rows(local.run_dir) == client_rows(deployed.run_dir)
+    # per-client metrics, the global model's pooled test and every training figure: bit-identical
+    assert client_rows(local.run_dir, keep_global=True) == client_rows(deployed.run_dir, keep_global=True)
+    assert RunStore(deployed.run_dir).read_metrics()[-1]["eval"]["global"]["test_acc"] > 0.5
 
     # the server's checkpoint holds only server state
     from fedmerge.core.checkpoint import load_checkpoint
@@ -228,13 +233,13 @@ def _relabel(data, **changes):
 
 @pytest.mark.parametrize(
     "case",
-    ["missing", "corrupt", "classes", "class_names", "duplicate"],
+    ["missing", "corrupt", "classes", "class_names", "duplicate", "pooled_test"],
 )
 def test_bad_node_input_stops_the_run_in_one_line_and_writes_nothing(tmp_path, exported, task_identity, case):
     from fedmerge.engines.flower.engine import RoundFailed
 
     cfg, files = exported
-    files = list(files)
+    files, pooled = list(files), None
     if case == "missing":
         files[1] = tmp_path / "nowhere" / "client-0001.safetensors"
         expect = r"SuperNode \d+ cannot serve: .*client-0001.safetensors: client file not found"
@@ -248,12 +253,34 @@ def test_bad_node_input_stops_the_run_in_one_line_and_writes_nothing(tmp_path, e
         odd = export(cfg, tmp_path / "odd", edit=lambda d: _relabel(d, **change))
         files[2] = odd[2]
         expect = "clients disagree on the " + ("number of classes" if case == "classes" else "class names")
-    else:
+    elif case == "duplicate":
         files[2] = files[0]
         expect = "partition-id 0 is claimed by two SuperNodes"
+    else:  # the server's pooled test file comes from another export
+        export(cfg, tmp_path / "odd", edit=lambda d: _relabel(d, num_classes=11))
+        pooled = str(tmp_path / "odd" / "pooled-test.safetensors")
+        expect = "clients disagree on the number of classes"
     out = tmp_path / "runs"
-    with pytest.raises(RoundFailed, match=expect) as err:
+    from fedmerge.data.errors import ClientFileError
+
+    with pytest.raises((RoundFailed, ClientFileError), match=expect) as err:
         run(quick_config(*SMALL, *DITTO, "engine=flower", f"output_dir={out}"), None, grid=NodeGrid(files,
-            tmp_path / "state"), deployment=True)  # fmt: skip
+            tmp_path / "state"), deployment=True, pooled_test=pooled)  # fmt: skip
     assert "\n" not in str(err.value)
     assert not out.exists() and not (tmp_path / "state").exists()  # nothing written, server or nodes
+
+
+def test_export_clients_writes_the_pooled_test_file_the_server_may_hold(tmp_path):
+    from typer.testing import CliRunner
+
+    from fedmerge.cli import app
+    from fedmerge.data.client_files import load_pooled_test
+    from fedmerge.experiment.runner import load_data
+
+    args = ["partition.num_clients=3", "dataset.name=digits"]
+    result = CliRunner().invoke(app, ["export-clients", *args, str(tmp_path / "out"), "--pooled-test", "--no-progress"])
+    assert result.exit_code == 0, result.output
+    assert "and pooled-test.safetensors" in result.output
+    x, y, meta = load_pooled_test(tmp_path / "out" / "pooled-test.safetensors")
+    want_x, want_y = load_data(quick_config(*args)).pooled_test()
+    assert torch.equal(x, want_x) and torch.equal(y, want_y) and meta.num_clients == 3

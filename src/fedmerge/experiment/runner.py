@@ -136,6 +136,7 @@ def run_experiment(
     stop_after: int | None = None,
     grid: Any = None,
     deployment: bool = False,
+    pooled_test: str | None = None,
     checkpoint: str | None = None,
     notify: Notify | None = None,
     withhold_test: bool = False,
@@ -147,7 +148,8 @@ def run_experiment(
     summary, no model selection) can read it: ``fedmerge tune``'s trials.
 
     ``grid``: a Flower Grid, when called by a ServerApp (``engine: flower``); with ``deployment`` the
-    nodes own their data and their states (docs/deployment.md): the server loads no dataset.
+    nodes own their data and their states (docs/deployment.md): the server loads no dataset, and
+    tests a global model only on ``pooled_test``, a file ``fedmerge export-clients --pooled-test`` wrote.
     ``checkpoint``: resume from this file of ``RUN_DIR/checkpoints`` instead of the one ``latest.json``
     names. ``notify``: receives one-line notices (warnings, "resuming from round N of M").
     ``data``: a dataset already built (benchmarks), used instead of loading ``cfg``'s.
@@ -157,6 +159,8 @@ def run_experiment(
         _require_flower(simulation=grid is None)
     if deployment and grid is None:
         raise ValueError("deployment=True needs the Grid of a ServerApp")
+    if pooled_test is not None and not deployment:
+        raise ConfigError("pooled-test applies to a deployment; a simulation tests on its own data")
     if cfg.state is not None and (cfg.engine != "local" or grid is not None):
         raise ConfigError("state (client states on disk) applies to engine=local; remove it for engine=flower")
     for warning in config_warnings(cfg):
@@ -181,6 +185,7 @@ def run_experiment(
         sample = torch.zeros(2, *first.input_shape, dtype=getattr(torch, first.input_dtype))
         data, num_classes, input_shape = None, first.num_classes, first.input_shape
         num_clients, groups = federation.num_clients, federation.groups
+        server_test = _server_test(pooled_test, federation, device) if pooled_test is not None else None
     else:
         # token datasets declare their input shape, so a model that cannot read tokens is refused
         # before the (slow) tokenization
@@ -206,6 +211,7 @@ def run_experiment(
     store = RunStore(run_dir if run_dir is not None else new_run_dir(cfg.output_dir, cfg.name))
     if federation is not None:
         (store.dir / "federation.json").write_text(json.dumps(federation_summary(federation), indent=1) + "\n")
+        federation.pooled_test = server_test
     with (
         _client_store(cfg, store) as states,
         _open_engine(cfg, data, model, device, grid, states, federation) as engine,
@@ -305,7 +311,7 @@ def _run(
             rnd,
             server_state,
             engine.client_states() if client_store is None else client_store,
-            {"config_digest": digest, **(engine.checkpoint_meta() if hasattr(engine, "checkpoint_meta") else {})},
+            {"config_digest": digest, **_engine_meta(engine, cfg.keep_checkpoints)},
             keep=cfg.keep_checkpoints,
         )
 
@@ -360,6 +366,11 @@ def _run(
     return RunResult(store.dir, summary, state)
 
 
+def _engine_meta(engine: Engine, keep: int) -> dict[str, Any]:
+    """What the engine needs a checkpoint to hold (a deployed Flower server: its nodes' state rounds)."""
+    return engine.checkpoint_meta(keep) if hasattr(engine, "checkpoint_meta") else {}
+
+
 class _Stop(Exception):
     pass
 
@@ -384,6 +395,16 @@ def _connect(cfg: BaseModel, grid: Any) -> Any:
     from fedmerge.engines.flower.protocol import DEPLOYMENT
 
     return connect(grid, _flower_options(cfg), DEPLOYMENT)
+
+
+def _server_test(path: str, federation: Any, device: torch.device) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
+    """The deployed server's optional pooled test set, which must match the nodes' files (one line)."""
+    from fedmerge.data.client_files import check_consistent, load_pooled_test
+
+    x, y, meta = load_pooled_test(path)
+    check_consistent([federation.first, meta])
+    x, y = x.to(device), y.to(device)
+    return lambda: (x, y)
 
 
 def federation_summary(federation: Any) -> dict[str, Any]:
@@ -434,8 +455,8 @@ def _open_engine(
     client_store: StateStore | None = None,
     federation: Any = None,
 ) -> Iterator[Engine]:
-    # none on a deployed server: it has no test set
-    pooled_test = _pooled_test(cfg, data) if data is not None else None
+    # a deployed server has no data: only the pooled test file its operator gave, if any
+    pooled_test = _pooled_test(cfg, data) if data is not None else getattr(federation, "pooled_test", None)
     if cfg.engine != "flower" and grid is None:
         with LocalEngine(
             data.clients,
@@ -508,6 +529,7 @@ def run_from_files(
     show_progress: bool = True,
     grid: Any = None,
     deployment: bool = False,
+    pooled_test: str | None = None,
     notify: Notify | None = None,
     run_dir: str | None = None,
     tuned: str | None = None,
@@ -536,13 +558,22 @@ def run_from_files(
             show_progress=show_progress,
             grid=grid,
             deployment=deployment,
+            pooled_test=pooled_test,
             checkpoint=checkpoint,
             notify=notify,
         )
     cfg = load_tuned_config(config_path, overrides, tuned) if tuned else load_config(config_path, overrides)
     if run_dir is not None and (Path(run_dir) / CONFIG_FILE).exists():
         raise ConfigError(f"--run-dir {run_dir} already holds a run; to continue it: fedmerge run --resume {run_dir}")
-    return run_experiment(cfg, run_dir, show_progress=show_progress, grid=grid, deployment=deployment, notify=notify)
+    return run_experiment(
+        cfg,
+        run_dir,
+        show_progress=show_progress,
+        grid=grid,
+        deployment=deployment,
+        pooled_test=pooled_test,
+        notify=notify,
+    )
 
 
 __all__ = ["RunResult", "run_experiment", "run_from_files", "TIMING_KEYS"]

@@ -5,7 +5,9 @@ it is given and writes the usual results folder. Run config keys (``flwr run --r
 
 - ``config``: path of an experiment YAML file on the SuperLink's machine ("" = built-in default);
 - ``overrides``: space-separated ``key.path=value`` overrides, as on the ``fedmerge run`` command line;
-- ``output-dir``: where the run folder is created; ``resume``: a run folder to continue instead.
+- ``output-dir``: where the run folder is created; ``resume``: a run folder to continue instead;
+- ``pooled-test``: optional, a pooled test file (``fedmerge export-clients --pooled-test``) on the
+  SuperLink's machine, on which the server tests the global model ("" = none).
 
 The run is a deployment: every SuperNode reads its own client file (``--node-config data-path=...``)
 and keeps its client's state on its own disk; the server loads no dataset (docs/deployment.md).
@@ -50,6 +52,7 @@ def main(grid: Grid, context: Context) -> None:
             show_progress=False,
             grid=grid,
             deployment=True,
+            pooled_test=str(rc.get("pooled-test", "")) or None,
         )
     except (ConfigError, DataUnavailable, CheckpointError, RoundFailed) as exc:
         print(f"fedmerge: error: {str(exc).splitlines()[0]}", flush=True)

@@ -60,6 +60,8 @@ class Federation:
     node_of: dict[int, int]
     num_clients: int
     reports: dict[int, ClientFileMeta] = field(default_factory=dict)
+    # deployment: the server operator's pooled test set (x, y), if given
+    pooled_test: Callable[[], tuple[torch.Tensor, torch.Tensor]] | None = None
 
     @property
     def first(self) -> ClientFileMeta:
@@ -195,7 +197,8 @@ class FlowerEngine:
         self._cid_of = {node: cid for cid, node in self.node_of.items()}
         self._asked = set(self._cid_of)
         self.state_round: dict[int, int] = {}  # deployment: per client, last round whose result arrived
-        self._kept: dict[int, int] = {}  # the same, as of the last checkpoint
+        self._kept: dict[int, int] = {}  # the same, as of the oldest checkpoint kept
+        self._snapshots: list[dict[int, int]] = []  # the same, as of each checkpoint kept
 
     # --- node id <-> partition id after the start ---------------------------------------------------
     def _rejoin(self, cids: list[int]) -> None:
@@ -245,16 +248,18 @@ class FlowerEngine:
         self._states = dict(states)
         self._push = set(states)
 
-    def checkpoint_meta(self) -> dict[str, Any]:
-        """What a checkpoint must keep of this engine (deployment: the rounds of the nodes' states)."""
+    def checkpoint_meta(self, keep: int = 1) -> dict[str, Any]:
+        """What a checkpoint must keep of this engine (deployment: the rounds of the nodes' states).
+        ``keep``: how many checkpoints the run keeps; nodes keep every state version any of them needs."""
         if self.mode != DEPLOYMENT:
             return {}
-        self._kept = dict(self.state_round)
+        self._snapshots = [*self._snapshots, dict(self.state_round)][-max(keep, 1) :]
+        self._kept = self._snapshots[0]  # the oldest checkpoint kept: nodes prune up to it
         return {"node_state_rounds": {str(c): r for c, r in sorted(self.state_round.items())}}
 
     def restore(self, meta: dict[str, Any]) -> None:
         rounds = {int(c): int(r) for c, r in (meta.get("node_state_rounds") or {}).items()}
-        self.state_round, self._kept = dict(rounds), dict(rounds)
+        self.state_round, self._kept, self._snapshots = dict(rounds), dict(rounds), [dict(rounds)]
 
     # --- rounds ------------------------------------------------------------------------------
     def fit(self, algorithm: Algorithm, rnd: int, payloads: dict[int, Payload]) -> dict[int, Update]:
