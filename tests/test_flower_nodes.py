@@ -53,7 +53,7 @@ class NodeGrid:
             n: Context(
                 run_id=1,
                 node_id=n,
-                node_config={"data-path": str(f), "state-dir": str(state_root / f"node{i}")},
+                node_config={"state-dir": str(state_root / f"node{i}")} | ({"data-path": str(f)} if f else {}),
                 state=RecordDict(),
                 run_config={},
             )
@@ -233,7 +233,7 @@ def _relabel(data, **changes):
 
 @pytest.mark.parametrize(
     "case",
-    ["missing", "corrupt", "classes", "class_names", "duplicate", "pooled_test"],
+    ["missing", "corrupt", "no_data_path", "classes", "class_names", "duplicate", "absent", "pooled_test"],
 )
 def test_bad_node_input_stops_the_run_in_one_line_and_writes_nothing(tmp_path, exported, task_identity, case):
     from fedmerge.engines.flower.engine import RoundFailed
@@ -253,6 +253,12 @@ def test_bad_node_input_stops_the_run_in_one_line_and_writes_nothing(tmp_path, e
         odd = export(cfg, tmp_path / "odd", edit=lambda d: _relabel(d, **change))
         files[2] = odd[2]
         expect = "clients disagree on the " + ("number of classes" if case == "classes" else "class names")
+    elif case == "no_data_path":
+        files[1] = None
+        expect = "SuperNode .* cannot serve: this SuperNode has no data-path"
+    elif case == "absent":  # client 2's node never connects
+        files = files[:2]
+        expect = r"no SuperNode for partition-id \[2\] after 0s \(2 of 3 connected\)"
     elif case == "duplicate":
         files[2] = files[0]
         expect = "partition-id 0 is claimed by two SuperNodes"
@@ -263,9 +269,10 @@ def test_bad_node_input_stops_the_run_in_one_line_and_writes_nothing(tmp_path, e
     out = tmp_path / "runs"
     from fedmerge.data.errors import ClientFileError
 
+    cfg = quick_config(*SMALL, *DITTO, "engine=flower", f"output_dir={out}", "flower.connect_timeout=0.3")
+    grid = NodeGrid(files, tmp_path / "state")
     with pytest.raises((RoundFailed, ClientFileError), match=expect) as err:
-        run(quick_config(*SMALL, *DITTO, "engine=flower", f"output_dir={out}"), None, grid=NodeGrid(files,
-            tmp_path / "state"), deployment=True, pooled_test=pooled)  # fmt: skip
+        run(cfg, None, grid=grid, deployment=True, pooled_test=pooled)
     assert "\n" not in str(err.value)
     assert not out.exists() and not (tmp_path / "state").exists()  # nothing written, server or nodes
 

@@ -148,12 +148,15 @@ def connect(grid: GridLike, options: FlowerOptions, mode: str, num_clients: int 
         if num_clients is not None and len(node_of) == num_clients:
             return Federation(node_of, num_clients, reports)
         if time.monotonic() > deadline:
-            expected = num_clients if num_clients is not None else "?"
-            missing = sorted(set(range(num_clients)) - set(node_of)) if num_clients is not None else []
-            how = "data-path=FILE" if mode == DEPLOYMENT else "partition-id=N"
+            how = "start one per client with --node-config " + (
+                "'data-path=\"FILE\"'" if mode == DEPLOYMENT else "partition-id=N"
+            )
+            if num_clients is None:
+                raise RoundFailed(f"no SuperNode connected within {options.connect_timeout:.0f}s; {how}")
+            missing = sorted(set(range(num_clients)) - set(node_of))
             raise RoundFailed(
                 f"no SuperNode for partition-id {missing[:10]} after {options.connect_timeout:.0f}s "
-                f"({len(node_of)} of {expected} connected); start one per client with --node-config {how}"
+                f"({len(node_of)} of {num_clients} connected); {how}"
             )
         time.sleep(0.2)
 
