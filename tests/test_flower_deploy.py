@@ -319,12 +319,16 @@ def test_tls_authenticated_deployment_with_node_owned_data_and_state_survives_ki
     from fedmerge.engines.flower.__main__ import write_app
     from fedmerge.experiment.config import load_config
     from fedmerge.experiment.results import RunStore
-    from fedmerge.experiment.runner import load_data
+    from fedmerge.experiment.runner import load_data, run_experiment
 
     procs, home = deployment
     source = make_dataset(tmp_path)
     data_args = ["dataset.name=npz", f"dataset.path={source}"]
     files = export_clients(load_data(load_config(None, [*data_args, *RUN])), tmp_path / "export")
+    # the local engine on the original data, one round (the deployment's round 1 must equal it)
+    local = run_experiment(
+        load_config(None, [*data_args, *RUN, "rounds=1", "name=local"]), tmp_path / "local", show_progress=False
+    )
     source.unlink()  # from now on the original dataset exists nowhere
     sites = []
     for i, f in enumerate(files):  # one folder per site: its file, its state, an empty HOME
@@ -430,8 +434,6 @@ def test_tls_authenticated_deployment_with_node_owned_data_and_state_survives_ki
     # same failure (bit for bit), which test_flower_nodes.py shows equals the local engine
     from test_flower_nodes import NodeGrid, client_rows
 
-    from fedmerge.experiment.runner import run_experiment
-
     reference_files = [s / f.name for s, f in zip(sites, files)]
     cfg = load_config(None, [*data_args, *RUN, f"rounds={ROUNDS}", "engine=flower", *settings.split()])
     grid = NodeGrid(reference_files, tmp_path / "reference-state", lose={(r, c) for r, c, _ in failed})
@@ -439,6 +441,10 @@ def test_tls_authenticated_deployment_with_node_owned_data_and_state_survives_ki
 
     TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 1  # as a Flower runtime would
     ref = run_experiment(cfg, tmp_path / "reference", show_progress=False, grid=grid, deployment=True)
+    # round 1 (before the kill) equals the local engine's directly: loss, communication, server figures
+    first_local = client_rows(local.run_dir)[0]
+    first_local.pop("eval", None), first_local.pop("summary", None)  # the local run evaluated its last round
+    assert client_rows(run_dir)[0] == first_local
     strip = [{k: v for k, v in r.items() if k != "failed_clients"} for r in client_rows(run_dir)]
     assert strip == [{k: v for k, v in r.items() if k != "failed_clients"} for r in client_rows(ref.run_dir)]
     assert (run_dir / "federation.json").is_file()
