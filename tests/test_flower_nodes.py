@@ -291,3 +291,44 @@ def test_export_clients_writes_the_pooled_test_file_the_server_may_hold(tmp_path
     x, y, meta = load_pooled_test(tmp_path / "out" / "pooled-test.safetensors")
     want_x, want_y = load_data(quick_config(*args)).pooled_test()
     assert torch.equal(x, want_x) and torch.equal(y, want_y) and meta.num_clients == 3
+
+
+def test_nodes_with_raw_data_split_it_themselves_as_the_simulation_does(tmp_path, task_identity, monkeypatch):
+    """Each site holds only its own rows of a naturally partitioned .npz (no client file) and splits
+    them itself with the run's split rules and seed: the run equals the local engine's on the whole file.
+    Site 2 lacks class 9 and is told the federation's classes."""
+    import numpy as np
+
+    from fedmerge.data import load_pool
+
+    pool = load_pool({"name": "digits"})
+    owner = np.arange(len(pool.y)) % 3
+    keep = ~((owner == 2) & (pool.y == 9))  # site 2 has no sample of class 9
+    x, y, owner = pool.x[keep], pool.y[keep], owner[keep]
+    np.savez(tmp_path / "all.npz", x=x, y=y, client_id=owner)
+    sites = []
+    for k in range(3):
+        sites.append(tmp_path / f"site{k}.npz")
+        np.savez(sites[-1], x=x[owner == k], y=y[owner == k])
+    data = ["dataset.name=npz", f"dataset.path={tmp_path / 'all.npz'}", "partition.name=natural"]
+    cfg = quick_config(*SMALL, *DITTO, *data, "split.val_fraction=0.15")
+    local = run(cfg, tmp_path / "local")
+    forbid_server_data(monkeypatch)
+
+    grid = NodeGrid(sites, tmp_path / "state")
+    classes = ",".join(str(c) for c in range(10))
+    for i, ctx in enumerate(grid.contexts.values()):
+        ctx.node_config.update({"partition-id": i, "num-partitions": 3, "classes": classes})
+    deployed = deploy(tmp_path, quick_config(*SMALL, *DITTO, *data, "split.val_fraction=0.15", "engine=flower"), grid)
+    assert client_rows(local.run_dir) == client_rows(deployed.run_dir)
+
+
+def test_a_raw_data_node_needs_its_partition_in_one_line(tmp_path, task_identity):
+    import numpy as np
+
+    from fedmerge.engines.flower.engine import RoundFailed
+
+    np.savez(tmp_path / "site.npz", x=np.zeros((20, 4), np.float32), y=np.arange(20) % 2)
+    with pytest.raises(RoundFailed, match=r"cannot serve: .*site.npz is raw data: give the node partition-id=N"):
+        run(quick_config(*SMALL, "engine=flower"), tmp_path / "r", grid=NodeGrid([tmp_path / "site.npz"],
+            tmp_path / "state"), deployment=True)  # fmt: skip

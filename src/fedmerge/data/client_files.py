@@ -18,13 +18,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
+from fedmerge.core.seeding import numpy_rng
 from fedmerge.data.errors import ClientFileError
 from fedmerge.data.federated import ClientData, FederatedDataset
+from fedmerge.data.pool import Pool, standardize
+from fedmerge.data.split import SplitConfig, split_indices
 
 FORMAT = "fedmerge-client"
 FORMAT_VERSION = 1
@@ -333,6 +337,38 @@ def load_pooled_test(path: str | Path) -> tuple[torch.Tensor, torch.Tensor, Clie
     if tuple(x.shape[1:]) != info.input_shape or len(x) != len(y):
         raise ClientFileError(f"{path}: x_test has shape {tuple(x.shape)} for {len(y)} labels")
     return x, y, info
+
+
+def site_client(
+    pool: Pool, cid: int, split_cfg: SplitConfig, seed: int, classes: Sequence[str] | None = None
+) -> tuple[ClientData, list[str]]:
+    """One site's own raw data (a whole :class:`Pool` holding only its samples) split into train/val/test
+    exactly as a simulation splits client ``cid``: the project's stratified split with the generator of
+    ``(seed, cid, "split")``, so a site holding the rows a natural partition gives client ``cid`` gets the
+    simulation's split. ``classes``: the federation's class names, into which the site's labels are
+    mapped (default: the site's own, which every site must then share). Tabular features are
+    standardized with this site's training samples (a simulation uses the whole federation's).
+    Label noise does not apply: a site's labels are its real ones."""
+    names = [str(c) for c in (pool.class_names or range(pool.num_classes))]
+    if classes is not None:
+        index = {str(c): i for i, c in enumerate(classes)}
+        unknown = sorted(set(names) - set(index))
+        if unknown:
+            raise ClientFileError(f"labels {unknown[:5]} are not among the federation's classes {list(classes)[:10]}")
+        y = np.asarray([index[names[c]] for c in range(len(names))], dtype=np.int64)[pool.y]
+        names = [str(c) for c in classes]
+    else:
+        y = np.asarray(pool.y, dtype=np.int64)
+    train, val, test = split_indices(y, split_cfg, numpy_rng(seed, client_id=cid, purpose="split"))
+    x_np = standardize(pool.x, train) if pool.standardize else pool.x
+    x = torch.from_numpy(np.ascontiguousarray(x_np))
+    x = x.float() if x.is_floating_point() else x.long()
+
+    def part(pos: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        return x[torch.from_numpy(pos)].contiguous(), torch.from_numpy(np.ascontiguousarray(y[pos]))
+
+    (x_train, y_train), (x_val, y_val), (x_test, y_test) = part(train), part(val), part(test)
+    return ClientData(cid, x_train, y_train, x_val, y_val, x_test, y_test), names
 
 
 def load_client_files(paths: Sequence[str | Path]) -> FederatedDataset:

@@ -27,10 +27,10 @@ def query(msg: Message, context: Context) -> Message:
     if job is not None and str(job.get("mode", "")) == DEPLOYMENT:
         from fedmerge.data.errors import ClientFileError
 
-        from .node import NodeConfigError, data_report, node_data, node_settings
+        from .node import NodeConfigError, data_report, node_meta, node_settings
 
         try:
-            _, meta = node_data(node_settings(dict(context.node_config)))
+            meta = node_meta(node_settings(dict(context.node_config)))
             answer.update(partition_id=meta.client_id, data=data_report(meta))
         except (ClientFileError, NodeConfigError) as exc:
             answer["error"] = str(exc).splitlines()[0]

@@ -1,7 +1,7 @@
 """The client job: the part of an experiment config a node needs, and how a node rebuilds from it.
 
 The server sends only what client work depends on: the algorithm and model sections, the seed, the
-thread count, the device and the evaluation batch size, plus the number of clients. In a simulation
+thread count, the device, the evaluation batch size and the split rules, plus the number of clients. In a simulation
 the job also names the data config (``data``), because virtual nodes rebuild their partition on the
 server's machine; a deployed node's data comes from its own file and the job names none.
 """
@@ -11,7 +11,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-CLIENT_KEYS = ("algorithm", "model", "seed", "threads", "device", "eval_batch_size")
+# ``split`` holds rules (validation and test fractions), no data: a node with raw data splits with them
+CLIENT_KEYS = ("algorithm", "model", "seed", "threads", "device", "eval_batch_size", "split")
 DATA_SECTIONS = ("dataset", "partition", "split", "noise")
 
 

@@ -1,10 +1,12 @@
 """What a deployed SuperNode owns: its node config, its one client file and its state store.
 
-A SuperNode is started with ``--node-config "data-path=FILE [partition-id=N] [state-dir=DIR]"``:
+A SuperNode is started with ``--node-config 'data-path="FILE" [partition-id=N] [state-dir="DIR"]'``:
 
-- ``data-path``: the client file ``fedmerge export-clients`` wrote for this site; the node reads
-  nothing else (no dataset, no other client's file).
-- ``partition-id``: optional; when given it must equal the file's client id.
+- ``data-path``: the client file ``fedmerge export-clients`` wrote for this site (``.safetensors``), or
+  the site's own raw data (``.npz``, ``.csv``, an image folder), which the node splits itself with the
+  project's split rules and the run's seed (then ``partition-id`` and ``num-partitions`` are required,
+  and ``classes`` may list the federation's class names, comma-separated). The node reads nothing else.
+- ``partition-id``: with a client file optional; when given it must equal the file's client id.
 - ``state-dir``: where the client's state store lives (default: ``FILE``'s folder +
   ``/fedmerge-state-NNNN``). The state never leaves this folder.
 """
@@ -17,9 +19,11 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from fedmerge.data.client_files import ClientFileMeta, load_client_file
-from fedmerge.data.errors import ClientFileError
+from fedmerge.data.client_files import ClientFileMeta, load_client_file, site_client
+from fedmerge.data.errors import ClientFileError, DataUnavailable
 from fedmerge.data.federated import ClientData
+from fedmerge.data.pool import Pool
+from fedmerge.data.split import SplitConfig
 
 
 class NodeConfigError(ValueError):
@@ -31,6 +35,12 @@ class NodeSettings:
     partition_id: int | None
     data_path: Path | None
     state_dir: Path | None
+    num_partitions: int | None = None  # raw data only: the number of clients of the federation
+    classes: tuple[str, ...] | None = None  # raw data only: the federation's class names
+
+    @property
+    def raw(self) -> bool:
+        return self.data_path is not None and self.data_path.suffix != ".safetensors"
 
     def require_data(self) -> Path:
         if self.data_path is None:
@@ -51,14 +61,19 @@ def node_settings(node_config: dict[str, Any]) -> NodeSettings:
         value = node_config.get(key)
         return None if value is None or str(value) == "" else str(value)
 
-    pid = text("partition-id")
-    if pid is not None and not pid.lstrip("-").isdigit():
-        raise NodeConfigError(f"node config partition-id={pid!r} is not an integer")
-    data, state = text("data-path"), text("state-dir")
+    def integer(key: str) -> int | None:
+        value = text(key)
+        if value is not None and not value.isdigit():
+            raise NodeConfigError(f"node config {key}={value!r} is not a non-negative integer")
+        return int(value) if value is not None else None
+
+    data, state, classes = text("data-path"), text("state-dir"), text("classes")
     return NodeSettings(
-        int(pid) if pid is not None else None,
+        integer("partition-id"),
         Path(data).expanduser() if data is not None else None,
         Path(state).expanduser() if state is not None else None,
+        integer("num-partitions"),
+        tuple(c.strip() for c in classes.split(",")) if classes is not None else None,
     )
 
 
@@ -67,10 +82,71 @@ def _load(path: Path) -> tuple[ClientData, ClientFileMeta]:
     return load_client_file(path)
 
 
-def node_data(settings: NodeSettings) -> tuple[ClientData, ClientFileMeta]:
-    """This node's client data and the file's metadata (read once per process); refuses a file whose
-    client id differs from the node's partition-id."""
-    client, meta = _load(settings.require_data().resolve())
+RAW_LOADERS = {".npz": "npz", ".csv": "csv", ".tsv": "csv", ".txt": "csv"}
+
+
+@cache
+def _raw_pool(path: Path) -> Pool:
+    from fedmerge.data.pool import load_pool
+
+    name = "image_folder" if path.is_dir() else RAW_LOADERS.get(path.suffix.lower())
+    if name is None:
+        raise ClientFileError(
+            f"{path}: not a client file (.safetensors) nor raw data this node can split (.npz, .csv, an image folder)"
+        )
+    try:
+        return load_pool({"name": name, "path": str(path)})
+    except (DataUnavailable, ValueError) as exc:
+        raise ClientFileError(f"{path}: {str(exc).splitlines()[0]}") from None
+
+
+def _raw_meta(settings: NodeSettings, path: Path) -> ClientFileMeta:
+    if settings.partition_id is None or settings.num_partitions is None:
+        raise NodeConfigError(
+            f"{path} is raw data: give the node partition-id=N num-partitions=M (and classes=... if this site "
+            "lacks some of the federation's classes)"
+        )
+    if not 0 <= settings.partition_id < settings.num_partitions:
+        raise NodeConfigError(f"partition-id={settings.partition_id} is outside 0..{settings.num_partitions - 1}")
+    pool = _raw_pool(path)
+    names = list(settings.classes) if settings.classes is not None else pool.class_names
+    if names is None:
+        names = [str(c) for c in range(pool.num_classes)]
+    return ClientFileMeta(
+        path=path,
+        client_id=settings.partition_id,
+        num_clients=settings.num_partitions,
+        group=None,
+        dataset="raw",
+        num_classes=len(names),
+        class_names=names,
+        input_shape=tuple(int(s) for s in pool.x.shape[1:]),
+        input_dtype="float32" if pool.x.dtype.kind == "f" else "int64",
+        source_digest="raw",
+        format_version=0,
+    )
+
+
+def node_meta(settings: NodeSettings) -> ClientFileMeta:
+    """What this node's data says about itself (the handshake), without splitting raw data."""
+    if settings.raw:
+        return _raw_meta(settings, settings.require_data().resolve())
+    return node_data(settings)[1]
+
+
+def node_data(
+    settings: NodeSettings, split: dict[str, Any] | None = None, seed: int = 0
+) -> tuple[ClientData, ClientFileMeta]:
+    """This node's client data and its metadata (read once per process). A client file is used as it
+    is (and refused if its client id differs from the node's partition-id); raw data is split here with
+    the run's ``split`` settings and ``seed`` (:func:`~fedmerge.data.client_files.site_client`)."""
+    path = settings.require_data().resolve()
+    if settings.raw:
+        meta = _raw_meta(settings, path)
+        split_cfg = SplitConfig.model_validate(split or {})
+        client, _ = site_client(_raw_pool(path), meta.client_id, split_cfg, seed, settings.classes)
+        return client, meta
+    client, meta = _load(path)
     if settings.partition_id is not None and settings.partition_id != meta.client_id:
         raise ClientFileError(
             f"{meta.path}: holds client {meta.client_id} but this SuperNode has partition-id={settings.partition_id}"

@@ -37,7 +37,7 @@ from fedmerge.engines.workers import set_threads
 
 from .client import partition_id
 from .job import build_data, parse_sections
-from .node import NodeSettings, node_data, node_settings
+from .node import NodeSettings, node_data, node_meta, node_settings
 from .protocol import DEPLOYMENT, JOB, METRICS, PAYLOAD, SIMULATION, STATE, STATE_KEY, UPDATE
 from .records import get_record, has_record, put_record, state_from_config, state_to_config
 
@@ -78,8 +78,8 @@ def _worker(job: ConfigRecord, settings: NodeSettings | None) -> _Worker:
         _cache.clear()  # one experiment at a time per process
         spec = json.loads(key[0])
         device = resolve_device(spec["device"])
-        if settings is not None:  # deployment: this node's own file and nothing else
-            client, meta = node_data(settings)
+        if settings is not None:  # deployment: this node's own data and nothing else
+            client, meta = node_data(settings, spec.get("split"), int(spec["seed"]))
             clients: Any = {meta.client_id: client.to(device)}
             _cache[key] = _build_worker(spec, key[1], clients, meta.input_shape, meta.num_classes)
         else:
@@ -114,8 +114,7 @@ def _prepare(msg: Message, context: Context, phase: str, store_scope: Any) -> _C
     payload = get_record(msg.content, PAYLOAD, Payload)
     if str(job.get("mode", SIMULATION)) == DEPLOYMENT:
         settings = node_settings(dict(context.node_config))
-        _, meta = node_data(settings)
-        cid = meta.client_id
+        cid = node_meta(settings).client_id
         if int(job["cid"]) != cid:
             raise ValueError(f"message for client {job['cid']} reached the SuperNode of client {cid}")
         worker = _worker(job, settings)
