@@ -85,11 +85,19 @@ def test_damaged_state_in_the_store_is_refused_with_one_line(tmp_path):
     assert "Traceback" not in result.output
 
 
-def test_missing_store_and_changed_state_setting_are_refused(tmp_path):
+def test_cache_size_may_change_on_resume_but_not_where_states_live(tmp_path):
+    full = run(quick_config(*DITTO), tmp_path / "full")
     run(quick_config(*DITTO, "state.cache_size=3"), tmp_path / "r", stop_after=1)
-    # the setting itself is in config.yaml; a resume cannot change it (the checkpoint format depends on it)
-    changed = CliRunner().invoke(app, ["run", "--resume", str(tmp_path / "r"), "state.cache_size=5"])
-    assert changed.exit_code == 2 and "cannot change state.cache_size" in changed.output
+    resumed = CliRunner().invoke(app, ["run", "--resume", str(tmp_path / "r"), "state.cache_size=5", "--no-progress"])
+    assert resumed.exit_code == 0, resumed.output
+    assert_runs_identical(full.run_dir, tmp_path / "r")
+    run(quick_config(*DITTO), tmp_path / "ram", stop_after=1)  # states in RAM: a resume cannot move them to disk
+    moved = CliRunner().invoke(app, ["run", "--resume", str(tmp_path / "ram"), "state.cache_size=5", "--no-progress"])
+    assert moved.exit_code == 2 and "no longer matches the checkpoint" in moved.output
+
+
+def test_missing_store_is_refused(tmp_path):
+    run(quick_config(*DITTO, "state.cache_size=3"), tmp_path / "r", stop_after=1)
     store = tmp_path / "r" / "checkpoints" / "clients"
     for f in store.iterdir():
         f.unlink()
@@ -163,3 +171,23 @@ def test_kill_9_at_1000_clients_then_resume_is_bit_identical(tmp_path):
     assert resumed.returncode == 0, resumed.stderr
     full = run(quick_config(*common), tmp_path / "full")
     assert_runs_identical(full.run_dir, run_dir)
+
+
+@pytest.mark.parametrize(
+    "method",
+    [
+        ["algorithm.name=scaffold"],  # client control variates
+        ["algorithm.name=ifca", "algorithm.num_clusters=2"],
+        ["algorithm.name=fedem", "algorithm.num_components=2"],
+        ["algorithm.name=pfedmoe"],  # local expert and gate
+    ],
+    ids=lambda m: m[0].partition("=")[2],
+)
+def test_per_client_parts_of_other_methods_go_through_the_store(tmp_path, method):
+    common = ["partition.num_clients=8", "participation=0.5", "rounds=2", "eval_clients=sample:3", *method]
+    in_ram = run(quick_config(*common), tmp_path / "ram")
+    on_disk = run(quick_config(*common, "state.cache_size=2"), tmp_path / "disk")
+    assert_runs_identical(in_ram.run_dir, on_disk.run_dir)
+    assert strip_timing(on_disk.summary) == strip_timing(in_ram.summary)  # parameter counts included
+    with StateStore(on_disk.run_dir / "checkpoints" / "clients") as store:
+        assert len(store) >= 4  # the round's participants (and evaluated clients) have their state there

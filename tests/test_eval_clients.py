@@ -78,3 +78,18 @@ def test_bad_values_are_one_line_config_errors(value):
     with pytest.raises(ConfigError, match=r"^eval_clients: expected all, participants .* sample:K") as err:
         load_config(None, [f"eval_clients={value}"])
     assert "\n" not in str(err.value)
+
+
+def test_a_sample_logs_the_merge_weights_of_the_evaluated_clients_only(tmp_path):
+    common = ["partition.name=cluster", "partition.num_clients=10", "rounds=2", "participation=0.5"]
+    common += ["algorithm.name=ifca", "algorithm.num_clusters=2"]
+    every = RunStore(run(quick_config(*common), tmp_path / "all").run_dir).read_metrics()
+    some_run = run(quick_config(*common, "eval_clients=sample:4"), tmp_path / "some")
+    some = RunStore(some_run.run_dir).read_metrics()
+    sample = Schedule(2, 10, seed=0, eval_clients="sample:4").evaluated(1, [])
+    for full, part in zip(every, some, strict=True):
+        assert len(full["server"]["merge_weights"]) == 10 and "merge_weights" not in part["server"]
+        assert part["server"]["merge_weights_clients"] == {str(c): full["server"]["merge_weights"][c] for c in sample}
+        assert part["server"]["cluster_sizes"] == full["server"]["cluster_sizes"]
+    # cluster recovery is then scored on the sample
+    assert set(some_run.summary["cluster_recovery"]["ari_by_round"]) == {"1", "2"}

@@ -68,3 +68,19 @@ def test_global_test_of_a_sampled_evaluation_is_the_sample_s_test_splits():
     assert torch.equal(y, torch.cat([data.clients[c].y_test for c in sample]))
     every = _pooled_test(quick_config("partition.num_clients=12", "model.name=mlp"), data)()
     assert len(every[1]) == 48  # all: every client's test split, as before
+
+
+def test_built_clients_are_views_of_one_pooled_tensor():
+    from fedmerge.data import NoiseConfig, SplitConfig, build_federated_dataset
+    from fedmerge.data.pool import load_pool
+
+    data = build_federated_dataset(
+        {"name": "digits"}, {"name": "dirichlet", "num_clients": 5}, SplitConfig(), NoiseConfig(), 0
+    )
+    storages = {
+        getattr(c, name).untyped_storage().data_ptr() for c in data.clients for name in ("x_train", "x_val", "x_test")
+    }
+    assert len(storages) == 1  # one tensor, no per-client copies
+    pool = load_pool({"name": "digits"})
+    total = sum(c.n_train + c.n_val + c.n_test for c in data.clients)
+    assert total == len(pool) and data.clients[0].x_train.untyped_storage().nbytes() == total * 64 * 4

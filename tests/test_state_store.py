@@ -184,3 +184,13 @@ def test_put_survives_kill_9(tmp_path, durable):
     with StateStore(path) as store:
         state = store.get(5)
         assert state is not None and state.meta == {"r": 8} and torch.equal(state.tensors["w"], torch.arange(6.0))
+
+
+def test_parameter_counts_read_headers_of_the_newest_versions(tmp_path):
+    with StateStore(tmp_path / "s", cache_size=0) as store:
+        store.put(1, _state(1), 1)
+        store.put(1, ClientState({"w": torch.zeros(2, 3)}), 2)  # the newest: 6 values
+        store.put(4, _state(4), 3)
+        store.put(6, ClientState(), 1)
+        assert store.parameter_counts() == {1: 6, 4: _state(4).num_parameters(), 6: 0}
+        assert _state(4).num_parameters() == 35 + 5 + 3  # float32, float64, bfloat16; not the int64 counter

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 import torch
 from torch.nn import functional as F
 
-from fedmerge.core.algorithm import Algorithm, StateDict
+from fedmerge.core.algorithm import Algorithm, ClientRows, StateDict
 from fedmerge.core.training import predict_logits
 
 _PREFIX = re.compile(r"^m(\d+)/")
@@ -76,11 +76,12 @@ def model_logits(model: torch.nn.Module, models: Sequence[Mapping[str, torch.Ten
     return torch.stack(out)
 
 
-def one_hot_rows(choice: Mapping[int, int], num_clients: int, k: int) -> list[list[float]]:
+def one_hot_rows(choice: Mapping[int, int], num_clients: int, k: int) -> ClientRows:
     """Client x model matrix (``server.merge_weights`` layout): one-hot at each known choice,
-    uniform for clients never seen."""
-    rows = []
-    for cid in range(num_clients):
+    uniform for clients never seen; rows are made only for the clients logged."""
+
+    def row(cid: int) -> list[float]:
         j = choice.get(cid)
-        rows.append([1.0 / k] * k if j is None else [1.0 if i == j else 0.0 for i in range(k)])
-    return rows
+        return [1.0 / k] * k if j is None else [1.0 if i == j else 0.0 for i in range(k)]
+
+    return ClientRows(num_clients, row)

@@ -46,6 +46,7 @@ from fedmerge.core.algorithm import (
     AlgorithmConfig,
     ClientContext,
     ClientDataLike,
+    ClientRows,
     Predictor,
     StateDict,
 )
@@ -168,7 +169,7 @@ class FedEM(Algorithm):
         if m == 1:
             return {}
         pis = state.meta.get("pi", {})
-        return {"merge_weights": [pis.get(str(c), [1.0 / m] * m) for c in range(self.num_clients)]}
+        return {"merge_weights": ClientRows(self.num_clients, lambda c: pis.get(str(c), [1.0 / m] * m))}
 
     def client_optimized_parameters(self, model_parameters: int, client_states: Iterable[ClientState]) -> float:
         """Parameters one client trains per round: M models (for the parameter budget)."""

@@ -13,7 +13,7 @@ fine-tuning) and, on a distributed engine, only the client has it.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
@@ -39,6 +39,23 @@ class ClientDataLike(Protocol):
     y_train: torch.Tensor
     x_val: torch.Tensor
     y_val: torch.Tensor
+
+
+class ClientRows(Sequence):
+    """One row per client, made when asked for: a server report's per-client matrix whose log keeps
+    only some clients' rows (``eval_clients``) costs those rows, not one per client of the population."""
+
+    def __init__(self, num_clients: int, row: Callable[[int], list[float]]) -> None:
+        self.num_clients = num_clients
+        self.row = row
+
+    def __len__(self) -> int:
+        return self.num_clients
+
+    def __getitem__(self, cid: int) -> list[float]:  # type: ignore[override]
+        if not 0 <= cid < self.num_clients:
+            raise IndexError(cid)
+        return self.row(cid)
 
 
 class AlgorithmConfig(ComponentConfig, LocalTraining):
@@ -88,7 +105,8 @@ class Algorithm(ABC):
         return None
 
     def server_report(self, state: ServerState, rnd: int) -> dict[str, Any]:
-        """Small JSON-able server-side figures logged every round (e.g. merge weights)."""
+        """Small JSON-able server-side figures logged every round (e.g. merge weights: a list, or a
+        :class:`ClientRows` whose rows are made only for the clients logged)."""
         return {}
 
     def client_optimized_parameters(self, model_parameters: int, client_states: Iterable[ClientState]) -> float:

@@ -11,7 +11,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from .algorithm import Algorithm
+from .algorithm import Algorithm, ClientRows
 from .seeding import numpy_rng
 from .types import ClientState, Payload, ServerState, Update
 
@@ -97,6 +97,19 @@ class Schedule:
 RoundCallback = Callable[[int, ServerState, dict[str, Any]], None]
 
 
+def evaluated_rows(report: dict[str, Any], schedule: Schedule, rnd: int, selected: list[int]) -> dict[str, Any]:
+    """The server report as logged: unless every client is evaluated, the per-client matrix
+    ``merge_weights`` (one row per client) is logged for the evaluated clients only, as
+    ``merge_weights_clients`` ({client id: row}), so that no log row grows with the population."""
+    weights = report.get("merge_weights")
+    if not isinstance(weights, ClientRows | list) or len(weights) != schedule.num_clients:
+        return report
+    if schedule.eval_clients == "all":
+        return {**report, "merge_weights": list(weights)}
+    rows = {str(c): weights[c] for c in schedule.evaluated(rnd, selected)}
+    return {**{k: v for k, v in report.items() if k != "merge_weights"}, "merge_weights_clients": rows}
+
+
 def evaluate_clients(algorithm: Algorithm, engine: Engine, state: ServerState, rnd: int, cids: list[int]) -> dict:
     """Per-client personalised metrics for the clients ``cids``, plus the global model's pooled test."""
     payloads = algorithm.configure_evaluate(state, rnd, cids)
@@ -148,7 +161,7 @@ def run_rounds(
         # plot of their trajectory needs them all
         report = algorithm.server_report(state, rnd)
         if report:
-            record["server"] = report
+            record["server"] = evaluated_rows(report, schedule, rnd, selected)
         if schedule.is_eval_round(rnd):
             t1 = time.perf_counter()
             evaluated = schedule.evaluated(rnd, selected)

@@ -25,12 +25,15 @@ must survive a power loss (the in-process engine does at each checkpoint).
 
 A bounded LRU cache keeps the ``cache_size`` most recently used decoded states (0: none). States
 returned by :meth:`get` may be the cached objects: treat them as read-only and ``put`` a new one.
-One process writes a store at a time (LMDB's lock serialises writers; readers never block).
+One process writes a store at a time (LMDB's lock serialises writers; readers never block), and a
+process opens a given store once (LMDB refuses a second environment on the same path in one process).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
+import math
 import operator
 import struct
 from collections import OrderedDict
@@ -129,6 +132,22 @@ class StateStore:
     def versions(self) -> list[tuple[int, int]]:
         """Every stored ``(client id, round)``, ascending (scans the store)."""
         return list(self._versions())
+
+    def parameter_counts(self) -> dict[int, int]:
+        """Floating-point values in each client's newest state (what ``ClientState.num_parameters``
+        counts), from the records' headers: no state is decoded, whatever the population."""
+        counts: dict[int, int] = {}
+        with self._transaction(buffers=True) as txn:
+            for key, value in txn.cursor():  # ascending: a client's newest version comes last
+                cid, _ = _KEY.unpack(bytes(key))
+                size = int.from_bytes(bytes(value[_DIGEST : _DIGEST + 8]), "little")
+                header = json.loads(bytes(value[_DIGEST + 8 : _DIGEST + 8 + size]))
+                counts[cid] = sum(
+                    math.prod(info["shape"])
+                    for name, info in header.items()
+                    if name != "__metadata__" and info["dtype"].startswith(("F", "BF"))
+                )
+        return counts
 
     def __contains__(self, cid: object) -> bool:
         try:

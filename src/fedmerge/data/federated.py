@@ -221,13 +221,23 @@ def federate(
         x_np = standardize(x_np, train_rows)
     x_pool = torch.from_numpy(np.ascontiguousarray(x_np))
     x_pool = x_pool.float() if x_pool.is_floating_point() else x_pool.long()
+    # One gather puts every client's rows in one tensor, client by client (train, val, test); each
+    # client's splits are views of it: the data cost one copy of the pool, not one per client.
+    order = [np.concatenate([idx[t] for t in split]) for idx, split in zip(indices, splits)]
+    x_all = x_pool[torch.from_numpy(np.concatenate(order) if order else np.zeros(0, dtype=np.int64))]
+    del x_pool
+
+    def labels(a: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64))
+
     clients = []
+    start = 0
     for cid, idx in enumerate(indices):
-        x = x_pool[torch.from_numpy(idx)]
-        if partition.rotations is not None and partition.rotations[cid] % 360:
-            x = rotate_images(x, partition.rotations[cid])
-        y = pool.y[idx]
         train, val, test = splits[cid]
+        a, b, end = start + len(train), start + len(train) + len(val), start + len(order[cid])
+        if partition.rotations is not None and partition.rotations[cid] % 360:
+            x_all[start:end] = rotate_images(x_all[start:end], partition.rotations[cid])
+        y = pool.y[idx]
         y_train, y_clean = (
             (y[train], None)  # no generator to make per client when there is no noise
             if noise_cfg.kind == "none"
@@ -235,25 +245,19 @@ def federate(
                 y[train], noise_cfg, pool.num_classes, numpy_rng(seed, client_id=cid, purpose="noise")
             )
         )
-
-        def labels(a: np.ndarray) -> torch.Tensor:
-            return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64))
-
-        def rows(pos: np.ndarray, x: torch.Tensor = x) -> torch.Tensor:
-            return x[torch.from_numpy(pos)].contiguous()
-
         clients.append(
             ClientData(
                 cid=cid,
-                x_train=rows(train),
+                x_train=x_all[start:a],
                 y_train=labels(y_train),
-                x_val=rows(val),
+                x_val=x_all[a:b],
                 y_val=labels(y[val]),
-                x_test=rows(test),
+                x_test=x_all[b:end],
                 y_test=labels(y[test]),
                 group=None if partition.groups is None else int(partition.groups[cid]),
                 y_train_clean=None if y_clean is None else labels(y_clean),
             )
         )
+        start = end
     class_names = None if pool.class_names is None else [str(c) for c in pool.class_names]
     return FederatedDataset(clients, pool.num_classes, tuple(pool.x.shape[1:]), pool.name, class_names)

@@ -44,7 +44,7 @@ from .summary import TIMING_KEYS, build_summary, summarize_eval, summary_markdow
 from .tensorboard_log import ScalarLog, require_tensorboard
 from .tuned import load_tuned_config
 
-RESUME_OVERRIDABLE = {"rounds", "device", "eval_batch_size", "workers"}
+RESUME_OVERRIDABLE = {"rounds", "device", "eval_batch_size", "workers", "state.cache_size"}
 
 
 @dataclass
@@ -498,12 +498,18 @@ def _open_engine(
 def _parameter_counts(
     algorithm: Algorithm, model: torch.nn.Module, state: ServerState, engine: Engine
 ) -> dict[str, float]:
-    states = list(engine.client_states().values())
+    held = engine.client_states()
+    if isinstance(held, StoredStates):  # counted from the records' headers; a few decoded states suffice
+        sizes = list(held.store.parameter_counts().values())
+        states = [held[cid] for cid in held.store.ids()[:8]]
+    else:
+        states = list(held.values())
+        sizes = [s.num_parameters() for s in states]
     model_params = count_parameters(model)
     return {
         "model": float(model_params),
         "server_state": float(state.num_parameters()),
-        "client_state_mean": float(sum(s.num_parameters() for s in states) / max(len(states), 1)),
+        "client_state_mean": float(sum(sizes) / max(len(sizes), 1)),
         "client_optimized": algorithm.client_optimized_parameters(model_params, states),
         # models with a frozen backbone (LoRA) count only what trains and travels above; this is all
         "model_full": float(getattr(model, "full_parameter_count", lambda: model_params)()),

@@ -108,21 +108,24 @@ def local_gap_summary(rows: list[dict[str, Any]]) -> dict[str, float]:
 
 def cluster_recovery(rows: list[dict[str, Any]], groups: list[int | None]) -> dict[str, Any]:
     """Adjusted Rand index between each client's argmax merge weight and its true group, at the
-    last round that logged merge weights (``server.merge_weights``)."""
+    last round that logged merge weights (``server.merge_weights``, or the evaluated clients'
+    ``server.merge_weights_clients``)."""
     if any(g is None for g in groups):
         return {}
     from sklearn.metrics import adjusted_rand_score
 
-    logged = [r for r in rows if "merge_weights" in r.get("server", {})]
-    if not logged:
-        return {}
     per_round = {}
-    for r in logged:
-        weights = r["server"]["merge_weights"]
-        if len(weights) != len(groups):
+    for r in rows:
+        server = r.get("server", {})
+        if "merge_weights" in server and len(server["merge_weights"]) == len(groups):
+            truth, weights = groups, server["merge_weights"]
+        elif "merge_weights_clients" in server:  # evaluated clients only (eval_clients: sample:K, participants)
+            truth = [groups[int(c)] for c in server["merge_weights_clients"]]
+            weights = list(server["merge_weights_clients"].values())
+        else:
             continue
         argmax = [max(range(len(row)), key=row.__getitem__) for row in weights]
-        per_round[r["round"]] = float(adjusted_rand_score(groups, argmax))
+        per_round[r["round"]] = float(adjusted_rand_score(truth, argmax))
     if not per_round:
         return {}
     last = max(per_round)
