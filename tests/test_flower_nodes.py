@@ -332,3 +332,25 @@ def test_a_raw_data_node_needs_its_partition_in_one_line(tmp_path, task_identity
     with pytest.raises(RoundFailed, match=r"cannot serve: .*site.npz is raw data: give the node partition-id=N"):
         run(quick_config(*SMALL, "engine=flower"), tmp_path / "r", grid=NodeGrid([tmp_path / "site.npz"],
             tmp_path / "state"), deployment=True)  # fmt: skip
+
+
+def test_server_app_reports_a_bad_node_in_one_line(tmp_path, exported, task_identity, capsys):
+    """The ServerApp the SuperLink runs: a node with a damaged file stops the run with one line on the
+    ServerApp's output (what ``flwr run --stream`` shows), exit status 1 and no run folder."""
+    from flwr.app import Context, RecordDict
+
+    from fedmerge.engines.flower.app import main
+
+    _, files = exported
+    raw = bytearray(files[1].read_bytes())
+    raw[-3] ^= 0xFF
+    files[1].write_bytes(bytes(raw))
+    out = tmp_path / "runs"
+    run_config = {"config": "", "overrides": " ".join(SMALL), "output-dir": str(out), "resume": ""}
+    context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=run_config)
+    with pytest.raises(SystemExit) as stop:
+        main(NodeGrid(files, tmp_path / "state"), context)
+    assert stop.value.code == 1
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("fedmerge: error: SuperNode ") and "checksum mismatch" in lines[0]
+    assert not out.exists()
