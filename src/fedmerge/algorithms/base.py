@@ -6,8 +6,9 @@ from typing import Any, ClassVar
 
 import torch
 
-from fedmerge.core.algorithm import Algorithm, ClientContext, ClientDataLike, StateDict
-from fedmerge.core.params import clone_state, weighted_average
+from fedmerge.core.algorithm import Algorithm, ClientContext, ClientDataLike, PlainSGD, StateDict
+from fedmerge.core.model_state import copy_state, load_state
+from fedmerge.core.params import weighted_average
 from fedmerge.core.seeding import NO_ROUND, torch_generator
 from fedmerge.core.training import ExtraLoss, LocalTraining, StepHook, local_sgd, mean_loss
 from fedmerge.core.types import ClientState, Payload, ServerState, Update
@@ -16,11 +17,11 @@ from ._features import take_prefix, with_prefix
 
 
 def load_weights(ctx: ClientContext, weights: StateDict) -> None:
-    ctx.model.load_state_dict(weights, strict=True)
+    load_state(ctx.model, weights)  # = load_state_dict(weights, strict=True), cheaper per client
 
 
 def model_weights(ctx: ClientContext) -> StateDict:
-    return clone_state(ctx.model.state_dict())
+    return copy_state(ctx.model)  # = clone of state_dict(), cheaper per client
 
 
 def gap_subset(data: ClientDataLike, ctx: ClientContext, samples: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -107,6 +108,14 @@ class GlobalModelAlgorithm(Algorithm):
 
     def personalize(self, payload: Payload, data: ClientDataLike, state: ClientState, ctx: ClientContext) -> StateDict:
         return payload.tensors
+
+    def plain_sgd(self, payload: Payload, state: ClientState) -> PlainSGD:
+        return PlainSGD(payload.tensors)
+
+    def plain_sgd_result(
+        self, payload: Payload, state: ClientState, trained: StateDict, meta: dict[str, Any]
+    ) -> tuple[Update, ClientState]:
+        return Update(trained, meta), state
 
 
 class StatisticsAlgorithm(GlobalModelAlgorithm):

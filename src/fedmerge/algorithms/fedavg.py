@@ -16,3 +16,4 @@ class FedAvgConfig(AlgorithmConfig):
 @ALGORITHMS.register("fedavg", config=FedAvgConfig, description="FedAvg: local SGD, weights averaged by sample count")
 class FedAvg(GlobalModelAlgorithm):
     name = "fedavg"
+    vectorizable = True

@@ -30,6 +30,7 @@ class FedAvgFTConfig(AlgorithmConfig):
 )
 class FedAvgFT(GlobalModelAlgorithm):
     name = "fedavg_ft"
+    vectorizable = True  # training is FedAvg's; the fine-tuning (evaluation) stays per client
 
     def personalize(self, payload: Payload, data: ClientDataLike, state: ClientState, ctx: ClientContext) -> StateDict:
         cfg = self.config

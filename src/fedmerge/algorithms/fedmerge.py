@@ -69,6 +69,7 @@ from fedmerge.core.algorithm import (
     ClientContext,
     ClientDataLike,
     ModelFactory,
+    PlainSGD,
     StateDict,
 )
 from fedmerge.core.seeding import NO_ROUND, torch_generator
@@ -349,3 +350,14 @@ class FedMerge(Algorithm):
 
     def personalize(self, payload: Payload, data: ClientDataLike, state: ClientState, ctx: ClientContext) -> StateDict:
         return payload.tensors
+
+    vectorizable = True
+
+    def plain_sgd(self, payload: Payload, state: ClientState) -> PlainSGD:
+        cfg = self.config
+        return PlainSGD(payload.tensors, 2 * cfg.prox_mu if cfg.prox_form == "reference" else cfg.prox_mu)
+
+    def plain_sgd_result(
+        self, payload: Payload, state: ClientState, trained: StateDict, meta: dict[str, Any]
+    ) -> tuple[Update, ClientState]:
+        return Update({k: trained[k] - v for k, v in payload.tensors.items()}, meta), state

@@ -7,9 +7,9 @@ from typing import Literal
 import torch
 from pydantic import Field
 
-from fedmerge.core.algorithm import ALGORITHMS, AlgorithmConfig, ClientContext
+from fedmerge.core.algorithm import ALGORITHMS, AlgorithmConfig, ClientContext, PlainSGD
 from fedmerge.core.training import ExtraLoss, Step
-from fedmerge.core.types import Payload
+from fedmerge.core.types import ClientState, Payload
 
 from .base import GlobalModelAlgorithm
 
@@ -34,6 +34,10 @@ def proximal_term(mu: float, anchor: dict[str, torch.Tensor]) -> ExtraLoss:
 )
 class FedProx(GlobalModelAlgorithm):
     name = "fedprox"
+    vectorizable = True
+
+    def plain_sgd(self, payload: Payload, state: ClientState) -> PlainSGD:
+        return PlainSGD(payload.tensors, self.config.mu)
 
     def extra_loss(self, payload: Payload, ctx: ClientContext) -> ExtraLoss | None:
         if self.config.mu == 0:

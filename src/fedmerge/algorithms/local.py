@@ -6,7 +6,7 @@ compares training regimes, not initialisations.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from fedmerge.core.algorithm import (
     ALGORITHMS,
@@ -14,6 +14,7 @@ from fedmerge.core.algorithm import (
     AlgorithmConfig,
     ClientContext,
     ClientDataLike,
+    PlainSGD,
     StateDict,
 )
 from fedmerge.core.training import local_sgd
@@ -46,6 +47,17 @@ class Local(Algorithm):
         stats = local_sgd(ctx.model, data.x_train, data.y_train, self.config, ctx.generator("train"))
         meta = {"num_examples": int(data.y_train.shape[0]), "train_loss": stats.loss, "steps": stats.steps}
         return Update(meta=meta), ClientState(model_weights(ctx), dict(state.meta))
+
+    vectorizable = True
+
+    def plain_sgd(self, payload: Payload, state: ClientState) -> PlainSGD:
+        return PlainSGD(state.tensors)
+
+    def plain_sgd_result(
+        self, payload: Payload, state: ClientState, trained: StateDict, meta: dict[str, Any]
+    ) -> tuple[Update, ClientState]:
+        kept = ("num_examples", "train_loss", "steps")  # what client_update reports
+        return Update(meta={k: meta[k] for k in kept}), ClientState(trained, dict(state.meta))
 
     def aggregate(self, state: ServerState, rnd: int, updates: dict[int, Update]) -> ServerState:
         return state

@@ -76,6 +76,15 @@ class ClientContext:
         return torch_generator(self.seed, self.round, self.cid, purpose)
 
 
+@dataclass(frozen=True)
+class PlainSGD:
+    """A client step that is :func:`~.training.local_sgd` on the algorithm's config from ``start``, with
+    the loss term ``prox_mu / 2 * ||w - start||^2`` over the trainable parameters when ``prox_mu`` > 0."""
+
+    start: StateDict
+    prox_mu: float = 0.0
+
+
 class Algorithm(ABC):
     """A federated method. Subclasses are registered in ``ALGORITHMS`` with a typed config."""
 
@@ -135,6 +144,22 @@ class Algorithm(ABC):
         weights for the experiment's model or a :data:`Predictor` (called in no-grad mode; put
         your own modules in eval mode)."""
         return {"": self.personalize(payload, data, state, ctx)}
+
+    # --- many clients at once (engine option ``vectorize``) --------------------------------
+    # Methods whose client step is plain local SGD on one model set ``vectorizable`` and say where
+    # the client starts (and its proximal anchor); an engine may then train many clients in one
+    # batched computation and hand each client's trained weights back to ``plain_sgd_result``.
+    vectorizable: ClassVar[bool] = False
+
+    def plain_sgd(self, payload: Payload, state: ClientState) -> PlainSGD:
+        """Where this client's plain local SGD starts (only for ``vectorizable`` methods)."""
+        raise NotImplementedError(f"{self.name} does not train clients by plain local SGD")
+
+    def plain_sgd_result(
+        self, payload: Payload, state: ClientState, trained: StateDict, meta: dict[str, Any]
+    ) -> tuple[Update, ClientState]:
+        """``client_update``'s return value, given the weights that plain local SGD ended with."""
+        raise NotImplementedError(f"{self.name} does not train clients by plain local SGD")
 
     # --- helpers ---------------------------------------------------------------------
     def initial_weights(self, purpose: str = "init", cid: int = -1) -> StateDict:

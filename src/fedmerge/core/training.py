@@ -9,13 +9,17 @@ Every hook receives the :class:`Step` in progress: the model, the step's index, 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 from torch.nn import functional as F
+from torch.optim import SGD
+
+from .model_state import set_train_mode, trainable_parameters
 
 
 class LocalTraining(BaseModel):
@@ -105,9 +109,10 @@ def local_sgd(
 ) -> TrainStats:
     """Train ``model`` in place with minibatch SGD on (x, y).
 
-    ``params`` restricts which parameters are optimised (others still get no update). A fresh
-    SGD optimiser is built per call, as in the reference implementations, unless one is given
-    (for methods that keep optimiser state across rounds in their ClientState). ``forward``
+    ``params`` restricts which parameters are optimised (others still get no update). Each call
+    starts from a fresh SGD optimiser (no momentum carried over), as in the reference
+    implementations, unless one is given (for methods that keep optimiser state across rounds in
+    their ClientState); the fresh one is the model's reused optimiser with its state cleared. ``forward``
     replaces ``model(x)`` for methods whose prediction is not a plain call of the model (e.g. a
     forward through interpolated weights with ``torch.func.functional_call``); ``params`` must then
     name the tensors it trains. ``loss_fn(logits, y, idx)`` replaces the mean cross-entropy as the
@@ -118,14 +123,34 @@ def local_sgd(
     is set), ``before_step`` (gradients are ready) and ``after_step`` (after the optimiser step,
     gradients still in place: LIVAR's path-integral importance reads the step's change there).
     """
-    model.train()
-    if optimizer is None:
-        trainable = [p for p in (model.parameters() if params is None else params) if p.requires_grad]
-        optimizer = torch.optim.SGD(trainable, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    set_train_mode(model)
     n = int(y.shape[0])
     if n == 0:
         return TrainStats(loss=float("nan"), steps=0, samples=0)
-    total_loss = torch.zeros((), dtype=torch.float64)
+    if optimizer is not None:
+        return _train(model, x, y, cfg, generator, optimizer, extra_loss, before_forward, before_step, after_step,
+                      forward, loss_fn)  # fmt: skip
+    with fresh_sgd(model, params, cfg) as sgd:
+        return _train(model, x, y, cfg, generator, sgd, extra_loss, before_forward, before_step, after_step,
+                      forward, loss_fn)  # fmt: skip
+
+
+def _train(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    cfg: LocalTraining,
+    generator: torch.Generator,
+    optimizer: torch.optim.Optimizer,
+    extra_loss: ExtraLoss | None,
+    before_forward: StepHook | None,
+    before_step: StepHook | None,
+    after_step: StepHook | None,
+    forward: Callable[[torch.Tensor], torch.Tensor] | None,
+    loss_fn: BatchLoss | None,
+) -> TrainStats:
+    n = int(y.shape[0])
+    losses: list[torch.Tensor] = []  # summed once at the end: no per-step conversion (nor device sync)
     steps = samples = 0
     for idx in iterate_minibatches(n, cfg.batch_size, generator, cfg.local_epochs, cfg.local_steps):
         idx = idx.to(x.device)
@@ -142,15 +167,49 @@ def local_sgd(
         optimizer.step()
         if after_step is not None:
             after_step(step)
-        total_loss += task_loss.detach().double().cpu()
+        losses.append(task_loss.detach())
         steps += 1
         samples += int(step.y.shape[0])
-    return TrainStats(loss=float(total_loss / max(steps, 1)), steps=steps, samples=samples)
+    total = 0.0  # float64, added in step order: the same sum as accumulating step by step
+    for value in torch.stack(losses).double().cpu().tolist():
+        total += value
+    return TrainStats(loss=total / max(steps, 1), steps=steps, samples=samples)
+
+
+@contextmanager
+def fresh_sgd(model: nn.Module, params: Iterable[nn.Parameter] | None, cfg: LocalTraining) -> Iterator[SGD]:
+    """An SGD optimiser over the trainable ``params`` (default: the model's), as if new: the model's
+    reused one with its state (momentum buffers) cleared, or a new one when that is in use (a nested
+    call: pFedMe's inner solve) or covers other parameters. Constructing an optimiser per client is
+    measurable per-client overhead for small models."""
+    pool = model.__dict__.setdefault("_fedmerge_sgd", [])  # idle optimisers for this model
+    candidates = trainable_parameters(model) if params is None else list(params)
+    trainable = [p for p in candidates if p.requires_grad]
+    sgd = next((o for o in pool if _same(o.param_groups[0]["params"], trainable)), None)
+    if sgd is None:
+        sgd = SGD(trainable, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    else:
+        pool.remove(sgd)
+        sgd.state.clear()
+        sgd.param_groups[0].update(lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    try:
+        yield sgd
+    finally:
+        sgd.state.clear()  # frees the momentum buffers
+        pool.insert(0, sgd)
+        del pool[_POOL:]
+
+
+_POOL = 4  # optimisers kept per model (a method may train different parameter subsets in turn)
+
+
+def _same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+    return len(a) == len(b) and all(u is v for u, v in zip(a, b))
 
 
 @torch.no_grad()
 def predict_logits(model: nn.Module, x: torch.Tensor, batch_size: int = 1024) -> torch.Tensor:
-    model.eval()
+    set_train_mode(model, False)
     if x.shape[0] == 0:
         return torch.empty(0)
     return torch.cat([model(x[i : i + batch_size]) for i in range(0, x.shape[0], batch_size)])

@@ -222,7 +222,7 @@ def federate(
     x_pool = torch.from_numpy(np.ascontiguousarray(x_np))
     x_pool = x_pool.float() if x_pool.is_floating_point() else x_pool.long()
     # One gather puts every client's rows in one tensor, client by client (train, val, test); each
-    # client's splits are views of it: the data cost one copy of the pool, not one per client.
+    # client's splits are views of it: one allocation for the population, not three per client.
     order = [np.concatenate([idx[t] for t in split]) for idx, split in zip(indices, splits)]
     x_all = x_pool[torch.from_numpy(np.concatenate(order) if order else np.zeros(0, dtype=np.int64))]
     del x_pool

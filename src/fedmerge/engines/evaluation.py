@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from fedmerge.core.algorithm import Algorithm, ClientContext, ClientDataLike, Predictor
+from fedmerge.core.algorithm import Algorithm, ClientContext, ClientDataLike, Predictor, StateDict
+from fedmerge.core.model_state import load_state
 from fedmerge.core.training import predict_logits
 from fedmerge.core.types import ClientState, Payload
 from fedmerge.metrics import classification_metrics
@@ -33,14 +34,18 @@ def evaluate_client(
     state: ClientState,
     ctx: ClientContext,
     batch_size: int = 1024,
+    variants: dict[str, StateDict | Predictor] | None = None,
 ) -> Metrics:
-    """Metrics of each of the client's personalised models on its val and test splits."""
+    """Metrics of each of the client's personalised models on its val and test splits (``variants``:
+    what ``algorithm.personalize_variants`` returned, when the caller already asked)."""
     out: Metrics = {}
-    for variant, weights in algorithm.personalize_variants(payload, data, state, ctx).items():
+    if variants is None:
+        variants = algorithm.personalize_variants(payload, data, state, ctx)
+    for variant, weights in variants.items():
         if callable(weights):
             predictor = weights
         else:
-            ctx.model.load_state_dict(weights)
+            load_state(ctx.model, weights)
             predictor = ctx.model
         prefix = f"{variant}/" if variant else ""
         for split in SPLITS:

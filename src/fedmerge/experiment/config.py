@@ -115,6 +115,12 @@ class RunSettings(BaseModel):
         "the thread count changes the numbers (reduction order); null: the machine's default, not portable",
     )
     workers: int = Field(1, ge=1, description="engine=local: processes running clients in parallel (threads=1 each)")
+    vectorize: bool = Field(
+        False,
+        description="engine=local: train the round's clients as one batched computation (vmap; for GPUs); plain "
+        "local SGD methods only (fedavg, fedavg_ft, fedprox, local, fedmerge); equal to the default within float "
+        "tolerance, not bit for bit",
+    )
 
     @field_validator("eval_clients")
     @classmethod
@@ -355,7 +361,8 @@ def config_warnings(cfg: BaseModel) -> list[str]:
 
 def defaults_left_out(cfg: BaseModel) -> set[str]:
     """Keys added after run folders existed, left out of config.yaml (and the digest) at their default."""
-    return {"eval_clients"} if getattr(cfg, "eval_clients", "all") == "all" else set()
+    left_out = {"eval_clients"} if getattr(cfg, "eval_clients", "all") == "all" else set()
+    return left_out | ({"vectorize"} if not getattr(cfg, "vectorize", False) else set())
 
 
 def to_yaml(cfg: BaseModel) -> str:

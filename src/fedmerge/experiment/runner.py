@@ -33,6 +33,7 @@ from fedmerge.data import DataUnavailable, FederatedDataset, build_federated_dat
 from fedmerge.engines.device import DeviceUnavailable
 from fedmerge.engines.device import resolve_device as engine_device
 from fedmerge.engines.local import LocalEngine
+from fedmerge.engines.vectorized import vectorize_problem
 from fedmerge.engines.workers import set_threads, workers_problem
 from fedmerge.models import build_model, count_parameters
 
@@ -208,6 +209,12 @@ def run_experiment(
         algorithm = entry.obj(cfg.algorithm, model_factory, num_clients, cfg.seed)
     except ValueError as exc:  # settings that conflict with the model or the data (e.g. fedlora without LoRA)
         raise ConfigError(f"algorithm {cfg.algorithm.name!r}: {str(exc).splitlines()[0]}") from None
+    if cfg.vectorize:
+        problem = vectorize_problem(algorithm, model)
+        if problem is None and (cfg.engine != "local" or cfg.workers != 1):
+            problem = "vectorize: batched clients are an option of engine=local with workers=1"
+        if problem is not None:
+            raise ConfigError(problem)
     store = RunStore(run_dir if run_dir is not None else new_run_dir(cfg.output_dir, cfg.name))
     if federation is not None:
         (store.dir / "federation.json").write_text(json.dumps(federation_summary(federation), indent=1) + "\n")
@@ -467,6 +474,7 @@ def _open_engine(
             eval_batch_size=cfg.eval_batch_size,
             workers=cfg.workers,
             states=None if client_store is None else StoredStates(client_store, device),
+            vectorize=cfg.vectorize,
         ) as engine:
             yield engine
         return

@@ -71,3 +71,60 @@ def classification_metrics(logits: Tensor, y: Tensor, n_bins: int = 15) -> dict[
         "mce": mce,
         "n": float(y.numel()),
     }
+
+
+def segment_metrics(logits: Tensor, y: Tensor, bounds: list[int], n_bins: int = 15) -> list[dict[str, float]]:
+    """``classification_metrics`` of each segment ``bounds[i]:bounds[i+1]`` of the rows, bit for bit,
+    at a fraction of the cost of calling it per segment (many clients' splits in one pass).
+
+    Row-wise quantities (top-k hits, confidences, bins) are computed once for all rows: each row's
+    value does not depend on the other rows. The sums are taken as the per-segment call takes them:
+    hit counts are exact integers, a bin's accuracy and confidence sums accumulate in row order
+    (``bincount`` over segment-and-bin keys), and the mean cross-entropy and each segment's ECE sum
+    are the same reductions over the same contiguous values.
+    """
+    logits, y = _check(logits, y)
+    sizes = [b - a for a, b in zip(bounds[:-1], bounds[1:])]
+    if not sizes:
+        return []
+    if min(sizes) == 0:
+        raise ValueError("segment_metrics needs non-empty segments")
+    segments = len(sizes)
+    seg = torch.repeat_interleave(torch.arange(segments, device=y.device), torch.tensor(sizes, device=y.device))
+    k5 = max(1, min(5, logits.shape[1]))
+    hits = torch.stack(
+        [
+            torch.bincount(
+                seg, weights=(logits.topk(k, dim=1).indices == y[:, None]).any(dim=1).double(), minlength=segments
+            )
+            for k in (1, k5)
+        ]
+    )
+    conf, pred = logits.softmax(dim=1).max(dim=1)
+    correct = (pred == y).double()
+    edges = torch.linspace(0.0, 1.0, n_bins + 1, dtype=conf.dtype, device=conf.device)
+    key = seg * n_bins + (torch.bucketize(conf, edges) - 1).clamp(0, n_bins - 1)
+    size = segments * n_bins
+    count = torch.bincount(key, minlength=size).double().view(segments, n_bins)
+    acc_sum = torch.bincount(key, weights=correct, minlength=size).view(segments, n_bins)
+    conf_sum = torch.bincount(key, weights=conf, minlength=size).view(segments, n_bins)
+    nonempty = count > 0
+    gap = (acc_sum - conf_sum).abs() / count  # NaN in empty bins, which are left out below
+    mce = torch.where(nonempty, gap, -torch.inf).amax(dim=1)
+    weighted = (gap * count)[nonempty]  # segment by segment, each segment's non-empty bins in order
+    ends = nonempty.sum(dim=1).cumsum(0).tolist()
+    sums = [weighted[a:b].sum() for a, b in zip([0, *ends[:-1]], ends)]
+    nlls = [F.cross_entropy(logits[a:b], y[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+    ece_sum, nll_mean = torch.stack(sums).tolist(), torch.stack(nlls).tolist()
+    hit1, hit5 = hits.tolist()
+    return [
+        {
+            "acc": hit1[i] / n,
+            "top5": hit5[i] / n,
+            "nll": nll_mean[i],
+            "ece": ece_sum[i] / n,
+            "mce": m,
+            "n": float(n),
+        }
+        for i, (n, m) in enumerate(zip(sizes, mce.tolist()))
+    ]
