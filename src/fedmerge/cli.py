@@ -397,13 +397,16 @@ def export_clients_cmd(
         None, metavar="[CONFIG] [KEY=VALUE...] OUT_DIR", help="a config and overrides as for run, then the folder"
     ),
     force: bool = typer.Option(False, "--force", help="write into a non-empty folder, replacing its client files"),
+    pooled_test: bool = typer.Option(
+        False, "--pooled-test", help="also write pooled-test.safetensors (every client's test split) for the server"
+    ),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="progress bar"),
 ) -> None:
     """Write one self-contained file per client (its train/val/test tensors, classes, input shape),
     so that each node of a deployment holds only its own data."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-    from fedmerge.data.client_files import check_out_dir, export_clients, source_digest
+    from fedmerge.data.client_files import POOLED_FILE, check_out_dir, export_clients, source_digest, write_pooled_test
     from fedmerge.experiment.config import load_config
     from fedmerge.experiment.runner import load_data
 
@@ -423,11 +426,14 @@ def export_clients_cmd(
             paths = export_clients(
                 data, out_dir, source_digest=digest, force=force, on_written=lambda _: bar.advance(task)
             )
+        if pooled_test:
+            write_pooled_test(data, out_dir / POOLED_FILE, digest)
     except _user_errors() as exc:
         _fail(str(exc), 2)
     shape = "x".join(map(str, data.input_shape))
     out.print(
-        f"wrote {len(paths)} client files to {out_dir} ({data.name}, {data.num_classes} classes, input {shape})",
+        f"wrote {len(paths)} client files{' and ' + POOLED_FILE if pooled_test else ''} to {out_dir} "
+        f"({data.name}, {data.num_classes} classes, input {shape})",
         highlight=False,
         soft_wrap=True,
     )

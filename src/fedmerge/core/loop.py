@@ -112,10 +112,13 @@ def evaluated_rows(report: dict[str, Any], schedule: Schedule, rnd: int, selecte
 
 def evaluate_clients(algorithm: Algorithm, engine: Engine, state: ServerState, rnd: int, cids: list[int]) -> dict:
     """Per-client personalised metrics for the clients ``cids``, plus the global model's pooled test."""
-    per_client = engine.evaluate(algorithm, rnd, algorithm.configure_evaluate(state, rnd, cids))
+    payloads = algorithm.configure_evaluate(state, rnd, cids)
+    per_client = engine.evaluate(algorithm, rnd, payloads)
     return {
         "clients": {int(c): m for c, m in sorted(per_client.items())},
         "global": engine.evaluate_global(algorithm, state),
+        # the evaluation payloads cross the wire too (the metrics that come back are a few scalars)
+        "comm_down": float(np.mean([p.num_values() for p in payloads.values()])) if payloads else 0.0,
     }
 
 
@@ -143,8 +146,10 @@ def run_rounds(
             "round": rnd,
             "selected": selected,
             "train_loss": _weighted_train_loss(updates),
-            "comm_down": float(np.mean([p.num_parameters() for p in payloads.values()])),
-            "comm_up": float(np.mean([u.num_parameters() for u in received.values()])),
+            # values crossing the wire per client: every tensor value of each payload sent and each
+            # update received (mean over the clients); client states never count, they stay put
+            "comm_down": float(np.mean([p.num_values() for p in payloads.values()])),
+            "comm_up": float(np.mean([u.num_values() for u in received.values()])),
             "fit_seconds": time.perf_counter() - t0,
         }
         if dropped:  # same form as the clients an engine drops (merged with them by the runner)

@@ -35,8 +35,13 @@ class Record:
         return cls(tensors=dict(tensors), meta=meta)
 
     def num_parameters(self) -> int:
-        """Number of floating-point values carried (what communication accounting counts)."""
+        """Number of floating-point values carried (model size figures)."""
         return sum(t.numel() for t in self.tensors.values() if t.is_floating_point())
+
+    def num_values(self) -> int:
+        """Number of tensor values of any dtype carried: what communication accounting counts
+        (the JSON metadata, a few scalars such as the round or the sample count, is left out)."""
+        return sum(t.numel() for t in self.tensors.values())
 
     def to(self, device: torch.device | str) -> Record:
         # tensors already there are kept as they are (what .to returns), without a call per tensor

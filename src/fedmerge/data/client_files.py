@@ -18,13 +18,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
+from fedmerge.core.seeding import numpy_rng
 from fedmerge.data.errors import ClientFileError
 from fedmerge.data.federated import ClientData, FederatedDataset
+from fedmerge.data.pool import Pool, standardize
+from fedmerge.data.split import SplitConfig, split_indices
 
 FORMAT = "fedmerge-client"
 FORMAT_VERSION = 1
@@ -170,12 +174,8 @@ def _read_header_metadata(raw: bytes) -> dict[str, str]:
     return json.loads(raw[8 : 8 + size]).get("__metadata__") or {}
 
 
-def load_client_file(path: str | Path) -> tuple[ClientData, ClientFileMeta]:
-    """Read one exported client file: its tensors as a :class:`ClientData` and its metadata.
-
-    A missing, truncated, altered or foreign file raises :class:`ClientFileError` (one line).
-    """
-    path = Path(path)
+def _read_verified(path: Path, fmt: str) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Tensors and metadata of a file of format ``fmt``, its checksum verified (one-line errors)."""
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
@@ -188,34 +188,53 @@ def load_client_file(path: str | Path) -> tuple[ClientData, ClientFileMeta]:
     except (SafetensorError, ValueError, UnicodeDecodeError) as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ClientFileError(f"{path}: not a readable client file (truncated or damaged: {reason})") from None
-    if meta.get("format") != FORMAT:
-        raise ClientFileError(f"{path}: not a fedmerge client file; write one with: fedmerge export-clients")
+    if meta.get("format") != fmt:
+        what = "fedmerge client file" if fmt == FORMAT else "fedmerge pooled test file"
+        raise ClientFileError(f"{path}: not a {what}; write one with: fedmerge export-clients")
     version = _meta_value(meta, "format_version", path)
     if version != str(FORMAT_VERSION):
         raise ClientFileError(f"{path}: client file format version {version}; this fedmerge reads {FORMAT_VERSION}")
     stored = _meta_value(meta, "sha256", path)
     if _checksum(tensors, {k: v for k, v in meta.items() if k != "sha256"}) != stored:
         raise ClientFileError(f"{path}: checksum mismatch: the client file was altered or damaged")
-    missing = [name for name in SPLITS if name not in tensors]
-    unknown = sorted(set(tensors) - set(SPLITS) - set(OPTIONAL))
-    if missing or unknown:
-        raise ClientFileError(f"{path}: client file has tensors missing {missing} / unexpected {unknown}")
+    return tensors, meta
+
+
+def _file_meta(path: Path, meta: dict[str, str], client_id: int) -> ClientFileMeta:
     try:
-        info = ClientFileMeta(
+        return ClientFileMeta(
             path=path,
-            client_id=int(_meta_value(meta, "client_id", path)),
+            client_id=client_id,
             num_clients=int(_meta_value(meta, "num_clients", path)),
-            group=json.loads(_meta_value(meta, "group", path)),
+            group=json.loads(meta.get("group", "null")),
             dataset=_meta_value(meta, "dataset", path),
             num_classes=int(_meta_value(meta, "num_classes", path)),
             class_names=json.loads(_meta_value(meta, "class_names", path)),
             input_shape=tuple(json.loads(_meta_value(meta, "input_shape", path))),
             input_dtype=_meta_value(meta, "input_dtype", path),
             source_digest=meta.get("source_digest", ""),
-            format_version=int(version),
+            format_version=int(meta["format_version"]),
         )
     except (ValueError, TypeError) as exc:  # a hand-made file with malformed values
         raise ClientFileError(f"{path}: malformed client file metadata: {exc}") from None
+
+
+def load_client_file(path: str | Path) -> tuple[ClientData, ClientFileMeta]:
+    """Read one exported client file: its tensors as a :class:`ClientData` and its metadata.
+
+    A missing, truncated, altered or foreign file raises :class:`ClientFileError` (one line).
+    """
+    path = Path(path)
+    tensors, meta = _read_verified(path, FORMAT)
+    missing = [name for name in SPLITS if name not in tensors]
+    unknown = sorted(set(tensors) - set(SPLITS) - set(OPTIONAL))
+    if missing or unknown:
+        raise ClientFileError(f"{path}: client file has tensors missing {missing} / unexpected {unknown}")
+    try:
+        client_id = int(_meta_value(meta, "client_id", path))
+    except ValueError as exc:
+        raise ClientFileError(f"{path}: malformed client file metadata: {exc}") from None
+    info = _file_meta(path, meta, client_id)
     client = ClientData(
         cid=info.client_id,
         x_train=tensors["x_train"],
@@ -271,6 +290,85 @@ def check_consistent(metas: Sequence[ClientFileMeta]) -> None:
                 f"clients disagree on the {what}: client {first.client_id} has {key(first)!r}, "
                 f"client(s) {names} have {key(odd[0])!r}"
             )
+
+
+# The pooled test set a deployed server may hold (optional): every client's test split in one file.
+POOLED_FORMAT = "fedmerge-pooled-test"
+POOLED_FILE = "pooled-test.safetensors"
+
+
+def pooled_test_bytes(data: FederatedDataset, source_digest: str = "") -> bytes:
+    """The safetensors bytes of the pooled test file: ``x_test``, ``y_test`` of all clients, in client
+    order (what the in-process engine tests a global model on), with the client files' metadata."""
+    x, y = data.pooled_test()
+    tensors = {"x_test": x.detach().cpu().contiguous(), "y_test": y.detach().cpu().contiguous()}
+    metadata = {
+        "format": POOLED_FORMAT,
+        "format_version": str(FORMAT_VERSION),
+        "num_clients": str(data.num_clients),
+        "dataset": data.name,
+        "num_classes": str(data.num_classes),
+        "class_names": json.dumps(data.class_names),
+        "input_shape": json.dumps(list(data.input_shape)),
+        "input_dtype": str(x.dtype).removeprefix("torch."),
+        "source_digest": source_digest,
+    }
+    metadata["sha256"] = _checksum(tensors, metadata)
+    return save_safetensors(tensors, metadata=metadata)
+
+
+def write_pooled_test(data: FederatedDataset, path: str | Path, source_digest: str = "") -> Path:
+    path = Path(path)
+    try:
+        _write_atomic(path, pooled_test_bytes(data, source_digest))
+    except OSError as exc:
+        raise ClientFileError(f"{path}: cannot write: {exc.strerror or exc}") from None
+    return path
+
+
+def load_pooled_test(path: str | Path) -> tuple[torch.Tensor, torch.Tensor, ClientFileMeta]:
+    """The pooled test file's ``x_test``, ``y_test`` and metadata (``client_id`` -1), verified."""
+    path = Path(path)
+    tensors, meta = _read_verified(path, POOLED_FORMAT)
+    if set(tensors) != {"x_test", "y_test"}:
+        raise ClientFileError(f"{path}: a pooled test file holds x_test and y_test, not {sorted(tensors)}")
+    info = _file_meta(path, meta, -1)
+    x, y = tensors["x_test"], tensors["y_test"]
+    if tuple(x.shape[1:]) != info.input_shape or len(x) != len(y):
+        raise ClientFileError(f"{path}: x_test has shape {tuple(x.shape)} for {len(y)} labels")
+    return x, y, info
+
+
+def site_client(
+    pool: Pool, cid: int, split_cfg: SplitConfig, seed: int, classes: Sequence[str] | None = None
+) -> tuple[ClientData, list[str]]:
+    """One site's own raw data (a whole :class:`Pool` holding only its samples) split into train/val/test
+    exactly as a simulation splits client ``cid``: the project's stratified split with the generator of
+    ``(seed, cid, "split")``, so a site holding the rows a natural partition gives client ``cid`` gets the
+    simulation's split. ``classes``: the federation's class names, into which the site's labels are
+    mapped (default: the site's own, which every site must then share). Tabular features are
+    standardized with this site's training samples (a simulation uses the whole federation's).
+    Label noise does not apply: a site's labels are its real ones."""
+    names = [str(c) for c in (pool.class_names or range(pool.num_classes))]
+    if classes is not None:
+        index = {str(c): i for i, c in enumerate(classes)}
+        unknown = sorted(set(names) - set(index))
+        if unknown:
+            raise ClientFileError(f"labels {unknown[:5]} are not among the federation's classes {list(classes)[:10]}")
+        y = np.asarray([index[names[c]] for c in range(len(names))], dtype=np.int64)[pool.y]
+        names = [str(c) for c in classes]
+    else:
+        y = np.asarray(pool.y, dtype=np.int64)
+    train, val, test = split_indices(y, split_cfg, numpy_rng(seed, client_id=cid, purpose="split"))
+    x_np = standardize(pool.x, train) if pool.standardize else pool.x
+    x = torch.from_numpy(np.ascontiguousarray(x_np))
+    x = x.float() if x.is_floating_point() else x.long()
+
+    def part(pos: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        return x[torch.from_numpy(pos)].contiguous(), torch.from_numpy(np.ascontiguousarray(y[pos]))
+
+    (x_train, y_train), (x_val, y_val), (x_test, y_test) = part(train), part(val), part(test)
+    return ClientData(cid, x_train, y_train, x_val, y_val, x_test, y_test), names
 
 
 def load_client_files(paths: Sequence[str | Path]) -> FederatedDataset:

@@ -30,6 +30,8 @@ from fedmerge.core.loop import Engine, Schedule, parse_eval_clients, run_rounds
 from fedmerge.core.state_store import StateStore, StoredStates
 from fedmerge.core.types import ServerState
 from fedmerge.data import DataUnavailable, FederatedDataset, build_federated_dataset
+from fedmerge.engines.device import DeviceUnavailable
+from fedmerge.engines.device import resolve_device as engine_device
 from fedmerge.engines.local import LocalEngine
 from fedmerge.engines.vectorized import vectorize_problem
 from fedmerge.engines.workers import set_threads, workers_problem
@@ -54,13 +56,10 @@ class RunResult:
 
 
 def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"device: {name!r} requested but CUDA is not available (torch.cuda.is_available() is False)")
-    if name == "mps" and not torch.backends.mps.is_available():
-        raise ConfigError("device: 'mps' requested but it is not available")
-    return torch.device(name)
+    try:
+        return engine_device(name)
+    except DeviceUnavailable as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def load_data(cfg: BaseModel) -> FederatedDataset:
@@ -137,6 +136,8 @@ def run_experiment(
     show_progress: bool = True,
     stop_after: int | None = None,
     grid: Any = None,
+    deployment: bool = False,
+    pooled_test: str | None = None,
     checkpoint: str | None = None,
     notify: Notify | None = None,
     withhold_test: bool = False,
@@ -147,7 +148,9 @@ def run_experiment(
     ``withhold_test``: the test split is removed before training starts, so nothing (no metric, no
     summary, no model selection) can read it: ``fedmerge tune``'s trials.
 
-    ``grid``: a Flower Grid, when called by the deployed ServerApp (``engine: flower``).
+    ``grid``: a Flower Grid, when called by a ServerApp (``engine: flower``); with ``deployment`` the
+    nodes own their data and their states (docs/deployment.md): the server loads no dataset, and
+    tests a global model only on ``pooled_test``, a file ``fedmerge export-clients --pooled-test`` wrote.
     ``checkpoint``: resume from this file of ``RUN_DIR/checkpoints`` instead of the one ``latest.json``
     names. ``notify``: receives one-line notices (warnings, "resuming from round N of M").
     ``data``: a dataset already built (benchmarks), used instead of loading ``cfg``'s.
@@ -155,6 +158,10 @@ def run_experiment(
     notify = notify or (lambda message: None)
     if cfg.engine == "flower":
         _require_flower(simulation=grid is None)
+    if deployment and grid is None:
+        raise ValueError("deployment=True needs the Grid of a ServerApp")
+    if pooled_test is not None and not deployment:
+        raise ConfigError("pooled-test applies to a deployment; a simulation tests on its own data")
     if cfg.state is not None and (cfg.engine != "local" or grid is not None):
         raise ConfigError("state (client states on disk) applies to engine=local; remove it for engine=flower")
     for warning in config_warnings(cfg):
@@ -170,23 +177,36 @@ def run_experiment(
     if (problem := workers_problem(cfg.workers, cfg.threads, device, cfg.engine)) is not None:
         raise ConfigError(problem)
     set_threads(cfg.threads)
-    # Everything that can be refused is checked before the run folder exists; token datasets declare
-    # their input shape, so a model that cannot read tokens is refused before the (slow) tokenization.
-    tokens = cfg.dataset.token_length()
-    if tokens is not None:
-        check_compatibility(cfg, torch.ones(2, tokens, dtype=torch.int64), 2, device)
-    data = (load_data(cfg) if data is None else data).to(device)
-    if withhold_test:
-        data = without_test(data)
-    sample = next(c.x_train[:2] for c in data.clients if c.n_train)
-    model = check_compatibility(cfg, sample, data.num_classes, device)
+    # Everything that can be refused is checked before the run folder exists.
+    federation = None
+    if deployment:
+        # The server holds no data: the nodes' handshake says the input shape and the classes.
+        federation = _connect(cfg, grid)
+        first = federation.first
+        sample = torch.zeros(2, *first.input_shape, dtype=getattr(torch, first.input_dtype))
+        data, num_classes, input_shape = None, first.num_classes, first.input_shape
+        num_clients, groups = federation.num_clients, federation.groups
+        server_test = _server_test(pooled_test, federation, device) if pooled_test is not None else None
+    else:
+        # token datasets declare their input shape, so a model that cannot read tokens is refused
+        # before the (slow) tokenization
+        tokens = cfg.dataset.token_length()
+        if tokens is not None:
+            check_compatibility(cfg, torch.ones(2, tokens, dtype=torch.int64), 2, device)
+        data = (load_data(cfg) if data is None else data).to(device)
+        if withhold_test:
+            data = without_test(data)
+        sample = next(c.x_train[:2] for c in data.clients if c.n_train)
+        num_classes, input_shape = data.num_classes, data.input_shape
+        num_clients, groups = len(data.clients), data.groups()
+    model = check_compatibility(cfg, sample, num_classes, device)
 
     def model_factory(generator: torch.Generator) -> torch.nn.Module:
-        return build_model(cfg.model, data.input_shape, data.num_classes, generator=generator)
+        return build_model(cfg.model, input_shape, num_classes, generator=generator)
 
     entry = ALGORITHMS.get(cfg.algorithm.name)
     try:
-        algorithm = entry.obj(cfg.algorithm, model_factory, len(data.clients), cfg.seed)
+        algorithm = entry.obj(cfg.algorithm, model_factory, num_clients, cfg.seed)
     except ValueError as exc:  # settings that conflict with the model or the data (e.g. fedlora without LoRA)
         raise ConfigError(f"algorithm {cfg.algorithm.name!r}: {str(exc).splitlines()[0]}") from None
     if cfg.vectorize:
@@ -196,8 +216,13 @@ def run_experiment(
         if problem is not None:
             raise ConfigError(problem)
     store = RunStore(run_dir if run_dir is not None else new_run_dir(cfg.output_dir, cfg.name))
-    with _client_store(cfg, store) as states, _open_engine(cfg, data, model, device, grid, states) as engine:
-        groups = data.groups()
+    if federation is not None:
+        (store.dir / "federation.json").write_text(json.dumps(federation_summary(federation), indent=1) + "\n")
+        federation.pooled_test = server_test
+    with (
+        _client_store(cfg, store) as states,
+        _open_engine(cfg, data, model, device, grid, states, federation) as engine,
+    ):
         segment = _Segment(resume, ckpt, show_progress, stop_after, notify)
         return _run(cfg, store, algorithm, model, engine, device, groups, segment, states)
 
@@ -268,6 +293,8 @@ def _run(
         earlier_seconds = max((r.get("elapsed_seconds", 0.0) for r in store.read_metrics()), default=0.0)
         if ckpt is not None:
             state = ckpt.server_state.to(device)
+            if hasattr(engine, "restore"):  # deployment: the rounds of the states the nodes keep
+                engine.restore(ckpt.meta)
             start_round = ckpt.round
             if client_store is None:
                 engine.load_client_states(ckpt.client_states)
@@ -291,7 +318,7 @@ def _run(
             rnd,
             server_state,
             engine.client_states() if client_store is None else client_store,
-            {"config_digest": digest},
+            {"config_digest": digest, **_engine_meta(engine, cfg.keep_checkpoints)},
             keep=cfg.keep_checkpoints,
         )
 
@@ -346,6 +373,11 @@ def _run(
     return RunResult(store.dir, summary, state)
 
 
+def _engine_meta(engine: Engine, keep: int) -> dict[str, Any]:
+    """What the engine needs a checkpoint to hold (a deployed Flower server: its nodes' state rounds)."""
+    return engine.checkpoint_meta(keep) if hasattr(engine, "checkpoint_meta") else {}
+
+
 class _Stop(Exception):
     pass
 
@@ -355,6 +387,46 @@ def _require_flower(simulation: bool) -> None:
 
     if not flower_available(simulation=simulation):
         raise ConfigError(INSTALL_HINT)
+
+
+def _flower_options(cfg: BaseModel) -> Any:
+    from fedmerge.engines.flower.engine import FlowerOptions
+
+    fs = cfg.flower or FlowerSettings()
+    return FlowerOptions(fs.min_replies, fs.max_retries, fs.round_timeout, fs.connect_timeout)
+
+
+def _connect(cfg: BaseModel, grid: Any) -> Any:
+    """Deployment: the handshake with the SuperNodes (their files must agree), as a one-line error."""
+    from fedmerge.engines.flower.engine import connect
+    from fedmerge.engines.flower.protocol import DEPLOYMENT
+
+    return connect(grid, _flower_options(cfg), DEPLOYMENT)
+
+
+def _server_test(path: str, federation: Any, device: torch.device) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
+    """The deployed server's optional pooled test set, which must match the nodes' files (one line)."""
+    from fedmerge.data.client_files import check_consistent, load_pooled_test
+
+    x, y, meta = load_pooled_test(path)
+    check_consistent([federation.first, meta])
+    x, y = x.to(device), y.to(device)
+    return lambda: (x, y)
+
+
+def federation_summary(federation: Any) -> dict[str, Any]:
+    """What the nodes said about their data (written to RUN_DIR/federation.json): no sample."""
+    first = federation.first
+    return {
+        "num_clients": federation.num_clients,
+        "dataset": first.dataset,
+        "num_classes": first.num_classes,
+        "class_names": first.class_names,
+        "input_shape": list(first.input_shape),
+        "input_dtype": first.input_dtype,
+        "source_digest": first.source_digest,
+        "groups": federation.groups,
+    }
 
 
 def _pooled_test(cfg: BaseModel, data: FederatedDataset) -> Callable[[], tuple[torch.Tensor, torch.Tensor]] | None:
@@ -383,13 +455,15 @@ def _client_store(cfg: BaseModel, run: RunStore) -> Iterator[StateStore | None]:
 @contextmanager
 def _open_engine(
     cfg: BaseModel,
-    data: FederatedDataset,
+    data: FederatedDataset | None,
     model: torch.nn.Module,
     device: torch.device,
     grid: Any,
     client_store: StateStore | None = None,
+    federation: Any = None,
 ) -> Iterator[Engine]:
-    pooled_test = _pooled_test(cfg, data)
+    # a deployed server has no data: only the pooled test file its operator gave, if any
+    pooled_test = _pooled_test(cfg, data) if data is not None else getattr(federation, "pooled_test", None)
     if cfg.engine != "flower" and grid is None:
         with LocalEngine(
             data.clients,
@@ -404,29 +478,28 @@ def _open_engine(
         ) as engine:
             yield engine
         return
-    from fedmerge.engines.flower.engine import FlowerEngine, FlowerOptions
+    from fedmerge.engines.flower.engine import FlowerEngine, connect
+    from fedmerge.engines.flower.job import client_job
+    from fedmerge.engines.flower.protocol import DEPLOYMENT, SIMULATION
     from fedmerge.engines.flower.simulation import SimulationOptions, simulation
 
     fs = cfg.flower or FlowerSettings()
-    options = FlowerOptions(fs.min_replies, fs.max_retries, fs.round_timeout, fs.connect_timeout)
+    options = _flower_options(cfg)
+    mode = DEPLOYMENT if federation is not None else SIMULATION
+    num_clients = federation.num_clients if federation is not None else len(data.clients)
+    # deployment: the job names no data; each node reads its own file
+    job = client_job(cfg.model_dump(mode="json"), num_clients, with_data=mode == SIMULATION)
 
     def engine_on(target: Any) -> FlowerEngine:
+        fed = federation if federation is not None else connect(target, options, SIMULATION, num_clients)
         return FlowerEngine(
-            target,
-            cfg.model_dump(mode="json"),
-            len(data.clients),
-            model,
-            device,
-            cfg.seed,
-            options,
-            pooled_test,
-            cfg.eval_batch_size,
+            target, fed, job, model, device, cfg.seed, options, pooled_test, cfg.eval_batch_size, mode=mode
         )
 
-    if grid is not None:  # deployment: the ServerApp was handed a Grid by the SuperLink
+    if grid is not None:  # a ServerApp was handed a Grid by the SuperLink (or a test's fake one)
         yield engine_on(grid)
         return
-    with simulation(len(data.clients), SimulationOptions(fs.num_cpus, fs.client_cpus, fs.client_gpus)) as relay:
+    with simulation(num_clients, SimulationOptions(fs.num_cpus, fs.client_cpus, fs.client_gpus)) as relay:
         yield engine_on(relay)
 
 
@@ -469,6 +542,8 @@ def run_from_files(
     checkpoint: str | None = None,
     show_progress: bool = True,
     grid: Any = None,
+    deployment: bool = False,
+    pooled_test: str | None = None,
     notify: Notify | None = None,
     run_dir: str | None = None,
     tuned: str | None = None,
@@ -491,12 +566,28 @@ def run_from_files(
             )
         cfg = load_config(store.read_config_path(), overrides)
         return run_experiment(
-            cfg, store.dir, resume=True, show_progress=show_progress, grid=grid, checkpoint=checkpoint, notify=notify
+            cfg,
+            store.dir,
+            resume=True,
+            show_progress=show_progress,
+            grid=grid,
+            deployment=deployment,
+            pooled_test=pooled_test,
+            checkpoint=checkpoint,
+            notify=notify,
         )
     cfg = load_tuned_config(config_path, overrides, tuned) if tuned else load_config(config_path, overrides)
     if run_dir is not None and (Path(run_dir) / CONFIG_FILE).exists():
         raise ConfigError(f"--run-dir {run_dir} already holds a run; to continue it: fedmerge run --resume {run_dir}")
-    return run_experiment(cfg, run_dir, show_progress=show_progress, grid=grid, notify=notify)
+    return run_experiment(
+        cfg,
+        run_dir,
+        show_progress=show_progress,
+        grid=grid,
+        deployment=deployment,
+        pooled_test=pooled_test,
+        notify=notify,
+    )
 
 
 __all__ = ["RunResult", "run_experiment", "run_from_files", "TIMING_KEYS"]

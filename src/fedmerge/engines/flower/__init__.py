@@ -1,7 +1,10 @@
 """Flower engine: one generic ServerApp/ClientApp adapter that runs any registered algorithm.
 
-- ``engine.FlowerEngine``: the Engine protocol over a Flower ``Grid`` (server side).
-- ``client``: the ClientApp; client state lives in ``context.state``.
+- ``engine.FlowerEngine``: the Engine protocol over a Flower ``Grid`` (server side); ``engine.connect``
+  is the handshake.
+- ``client``, ``worker``: the ClientApp. Deployed, a node reads its own client file and keeps its client
+  state in a ``StateStore`` on its disk (``node``); in a simulation the state lives in ``context.state``.
+- ``job``: what the server sends a node about the experiment (no data).
 - ``simulation``: Flower's simulation runtime in this process (``engine: flower``).
 - ``app``: the ``server_app`` / ``client_app`` objects a SuperLink and SuperNodes load (deployment);
   ``python -m fedmerge.engines.flower DIR`` writes the Flower App folder that ``flwr run`` submits.

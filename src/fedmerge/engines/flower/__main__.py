@@ -33,6 +33,7 @@ config = ""
 overrides = ""
 output-dir = ""
 resume = ""
+pooled-test = ""
 """
 
 

@@ -5,7 +5,14 @@ it is given and writes the usual results folder. Run config keys (``flwr run --r
 
 - ``config``: path of an experiment YAML file on the SuperLink's machine ("" = built-in default);
 - ``overrides``: space-separated ``key.path=value`` overrides, as on the ``fedmerge run`` command line;
-- ``output-dir``: where the run folder is created; ``resume``: a run folder to continue instead.
+- ``output-dir``: where the run folder is created; ``resume``: a run folder to continue instead;
+- ``pooled-test``: optional, a pooled test file (``fedmerge export-clients --pooled-test``) on the
+  SuperLink's machine, on which the server tests the global model ("" = none).
+
+The run is a deployment: every SuperNode reads its own client file (``--node-config data-path=...``)
+and keeps its client's state on its own disk; the server loads no dataset (docs/deployment.md).
+A run that cannot start or go on (a node without a readable file, nodes that disagree, too few
+replies) stops with one line, ``fedmerge: error: ...``, in the ServerApp's log and no traceback.
 """
 
 from __future__ import annotations
@@ -24,6 +31,10 @@ server_app = ServerApp()
 
 @server_app.main()
 def main(grid: Grid, context: Context) -> None:
+    from fedmerge.core.checkpoint import CheckpointError
+    from fedmerge.core.loop import RoundFailed
+    from fedmerge.data import DataUnavailable
+    from fedmerge.experiment.config import ConfigError
     from fedmerge.experiment.runner import RESUME_OVERRIDABLE, run_from_files
 
     rc = context.run_config
@@ -33,9 +44,19 @@ def main(grid: Grid, context: Context) -> None:
     resume = str(rc.get("resume", "")) or None
     if resume:  # only settings that may change on resume; the run folder's config.yaml has the rest
         overrides = [o for o in overrides if o.partition("=")[0] in RESUME_OVERRIDABLE]
-    result = run_from_files(
-        str(rc.get("config", "")) or None, overrides, resume_dir=resume, show_progress=False, grid=grid
-    )
+    try:
+        result = run_from_files(
+            str(rc.get("config", "")) or None,
+            overrides,
+            resume_dir=resume,
+            show_progress=False,
+            grid=grid,
+            deployment=True,
+            pooled_test=str(rc.get("pooled-test", "")) or None,
+        )
+    except (ConfigError, DataUnavailable, CheckpointError, RoundFailed) as exc:
+        print(f"fedmerge: error: {str(exc).splitlines()[0]}", flush=True)
+        raise SystemExit(1) from None
     print(f"fedmerge: results in {result.run_dir}", flush=True)
 
 

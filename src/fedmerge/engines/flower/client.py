@@ -6,7 +6,7 @@ from __future__ import annotations
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
-from .protocol import JOB
+from .protocol import DEPLOYMENT, JOB
 
 app = ClientApp()
 
@@ -19,8 +19,24 @@ def partition_id(context: Context) -> int:
 
 @app.query()
 def query(msg: Message, context: Context) -> Message:
-    """The handshake: tell the server which partition (client id) this node owns."""
-    return Message(RecordDict({JOB: ConfigRecord({"partition_id": partition_id(context)})}), reply_to=msg)
+    """The handshake: which partition (client id) this node owns and, when deployed, what its data
+    file says about itself (classes, input shape, number of clients: never a sample). A node that
+    cannot serve answers with a one-line ``error`` instead of raising, so the server can say why."""
+    job = msg.content.config_records.get(JOB)
+    answer: dict = {"partition_id": -1, "data": "", "error": ""}
+    if job is not None and str(job.get("mode", "")) == DEPLOYMENT:
+        from fedmerge.data.errors import ClientFileError
+
+        from .node import NodeConfigError, data_report, node_meta, node_settings
+
+        try:
+            meta = node_meta(node_settings(dict(context.node_config)))
+            answer.update(partition_id=meta.client_id, data=data_report(meta))
+        except (ClientFileError, NodeConfigError) as exc:
+            answer["error"] = str(exc).splitlines()[0]
+    else:
+        answer["partition_id"] = partition_id(context)
+    return Message(RecordDict({JOB: ConfigRecord(answer)}), reply_to=msg)
 
 
 @app.train()

@@ -1,6 +1,8 @@
 """The Engine protocol over a Flower Grid: one Message per selected client, each with its own arrays.
 
-The server maps Flower node ids to partition (client) ids explicitly with a handshake; a client that
+The server maps Flower node ids to partition (client) ids explicitly with a handshake (:func:`connect`;
+deployed nodes also report their data file's classes and input shape, which must agree, so the server
+needs no dataset); a SuperNode that comes back with a new id is found again before each exchange; a client that
 raises or does not answer in time is dropped from that round and recorded in ``failures``; a round
 with fewer training replies than ``min_replies`` is retried on the failed clients, then stopped.
 """
@@ -11,7 +13,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
@@ -21,9 +23,12 @@ from torch import nn
 from fedmerge.core.algorithm import Algorithm
 from fedmerge.core.loop import RoundFailed  # noqa: F401  (re-exported: raised here)
 from fedmerge.core.types import ClientState, Payload, ServerState, Update
+from fedmerge.data.client_files import ClientFileMeta, check_consistent
+from fedmerge.data.errors import ClientFileError
 from fedmerge.engines.local import LocalEngine
 
-from .protocol import JOB, METRICS, PAYLOAD, STATE, UPDATE
+from .node import meta_from_report
+from .protocol import DEPLOYMENT, JOB, METRICS, PAYLOAD, SIMULATION, STATE, UPDATE
 from .records import get_record, has_record, put_record
 
 log = logging.getLogger(__name__)
@@ -46,18 +51,130 @@ class FlowerOptions:
     connect_timeout: float = 120.0
 
 
+@dataclass
+class Federation:
+    """Who serves which client: the handshake's result.
+
+    ``reports``: per client id, what its node's data file says about itself (deployment only)."""
+
+    node_of: dict[int, int]
+    num_clients: int
+    reports: dict[int, ClientFileMeta] = field(default_factory=dict)
+    # deployment: the server operator's pooled test set (x, y), if given
+    pooled_test: Callable[[], tuple[torch.Tensor, torch.Tensor]] | None = None
+
+    @property
+    def first(self) -> ClientFileMeta:
+        return self.reports[min(self.reports)]
+
+    @property
+    def groups(self) -> list[int | None]:
+        return [self.reports[c].group if c in self.reports else None for c in range(self.num_clients)]
+
+
+class FederationError(RoundFailed):
+    """The SuperNodes cannot form this federation (bad file, disagreement, duplicate client id)."""
+
+
+POLL_SECONDS = 0.2
+
+
+def send_and_receive(grid: GridLike, messages: list[Message], timeout: float) -> list[Message]:
+    """``grid.send_and_receive``, polling for replies every 0.2 s where the Grid can push and pull
+    (Flower's own loop sleeps 3 s between pulls, which a round pays once per exchange)."""
+    if not (hasattr(grid, "push_messages") and hasattr(grid, "pull_messages")):
+        return list(grid.send_and_receive(messages, timeout=timeout))
+    pending = {i for i in grid.push_messages(messages) if i}
+    replies: list[Message] = []
+    deadline = time.monotonic() + timeout
+    while pending and time.monotonic() < deadline:
+        got = list(grid.pull_messages(pending))
+        replies.extend(got)
+        pending -= {m.metadata.reply_to_message_id for m in got}
+        if pending:
+            time.sleep(POLL_SECONDS)
+    return replies
+
+
+def _query(grid: GridLike, nodes: list[int], mode: str, timeout: float) -> list[tuple[int, dict[str, Any]]]:
+    """Ask ``nodes`` who they are; (node, answer) for each node that answered."""
+    messages = [
+        Message(RecordDict({JOB: ConfigRecord({"mode": mode})}), dst_node_id=n, message_type=MessageType.QUERY)
+        for n in nodes
+    ]
+    out = []
+    for reply in send_and_receive(grid, messages, timeout):
+        node = reply.metadata.src_node_id
+        if reply.has_error():
+            log.warning("node %s did not say its partition-id: %s", node, _one_line(reply.error.reason))
+            continue
+        out.append((node, dict(reply.content.config_records[JOB])))
+    return out
+
+
+def connect(grid: GridLike, options: FlowerOptions, mode: str, num_clients: int | None = None) -> Federation:
+    """The handshake: ask every node for its client id (and, deployed, its data file's metadata) until
+    each client id 0..N-1 has exactly one node. ``num_clients``: known in a simulation; deployed, the
+    nodes' files say it. Stops at the first node that cannot serve, at a client id claimed twice, and
+    at nodes whose files disagree (classes, input shape, number of clients, export)."""
+    deadline = time.monotonic() + options.connect_timeout
+    node_of: dict[int, int] = {}
+    reports: dict[int, ClientFileMeta] = {}
+    asked: set[int] = set()
+    while True:
+        new = [n for n in grid.get_node_ids() if n not in asked]
+        if new:
+            for node, answer in _query(grid, new, mode, max(deadline - time.monotonic(), 1.0)):
+                asked.add(node)
+                if answer.get("error"):
+                    raise FederationError(f"SuperNode {node} cannot serve: {answer['error']}")
+                pid = int(answer["partition_id"])
+                if pid in node_of and node_of[pid] != node:
+                    raise FederationError(
+                        f"partition-id {pid} is claimed by two SuperNodes ({node_of[pid]}, {node}); "
+                        "give each node its own client file"
+                    )
+                if mode == DEPLOYMENT:
+                    reports[pid] = meta_from_report(str(answer["data"]), f"SuperNode {node}")
+                    try:
+                        check_consistent(list(reports.values()))
+                    except ClientFileError as exc:
+                        raise FederationError(str(exc)) from None
+                    num_clients = reports[pid].num_clients
+                if num_clients is not None and not 0 <= pid < num_clients:
+                    log.warning("node %s has partition-id %s outside 0..%s; ignored", node, pid, num_clients - 1)
+                    continue
+                node_of[pid] = node
+        if num_clients is not None and len(node_of) == num_clients:
+            return Federation(node_of, num_clients, reports)
+        if time.monotonic() > deadline:
+            how = "start one per client with --node-config " + (
+                "'data-path=\"FILE\"'" if mode == DEPLOYMENT else "partition-id=N"
+            )
+            if num_clients is None:
+                raise RoundFailed(f"no SuperNode connected within {options.connect_timeout:.0f}s; {how}")
+            missing = sorted(set(range(num_clients)) - set(node_of))
+            raise RoundFailed(
+                f"no SuperNode for partition-id {missing[:10]} after {options.connect_timeout:.0f}s "
+                f"({len(node_of)} of {num_clients} connected); {how}"
+            )
+        time.sleep(0.2)
+
+
 class FlowerEngine:
     """Runs client work on Flower SuperNodes (virtual or real). Server-side only.
 
-    Client states live in each ClientApp's ``context.state``; the engine keeps the copy each reply
-    carries only so that checkpoints (and exact resume) hold every client state, as with ``local``.
+    ``mode`` (``protocol``): in a simulation the engine keeps the state copy each reply carries, so
+    that checkpoints (and exact resume) hold every client state, as with ``local``. Deployed, client
+    states stay on the nodes; the engine only tracks, per client, the last round whose result it
+    received (``state_round`` in each message), which the checkpoint keeps.
     """
 
     def __init__(
         self,
         grid: GridLike,
-        experiment: dict[str, Any],
-        num_clients: int,
+        federation: Federation,
+        job: dict[str, Any],
         model: nn.Module,
         device: torch.device,
         seed: int,
@@ -65,10 +182,13 @@ class FlowerEngine:
         pooled_test: Callable[[], tuple[torch.Tensor, torch.Tensor]] | None = None,
         eval_batch_size: int = 1024,
         on_client_done: Callable[[int], None] | None = None,
+        mode: str = SIMULATION,
     ) -> None:
         self.grid = grid
-        self.experiment_json = json.dumps(experiment, sort_keys=True)
-        self.num_clients = num_clients
+        self.job_json = json.dumps(job, sort_keys=True)
+        self.mode = mode
+        self.federation = federation
+        self.num_clients = federation.num_clients
         self.options = options
         self.on_client_done = on_client_done
         # The pooled test of a global model runs on the server, exactly as in the local engine.
@@ -76,52 +196,73 @@ class FlowerEngine:
         self._states: dict[int, ClientState] = {}
         self._push: set[int] = set()  # clients whose context.state must be restored (after resume)
         self.failures: list[dict[str, Any]] = []
-        self.node_of = self._map_partitions()
+        self.node_of = dict(federation.node_of)
         self._cid_of = {node: cid for cid, node in self.node_of.items()}
+        self._asked = set(self._cid_of)
+        self.state_round: dict[int, int] = {}  # deployment: per client, last round whose result arrived
+        self._kept: dict[int, int] = {}  # the same, as of the oldest checkpoint kept
+        self._snapshots: list[dict[int, int]] = []  # the same, as of each checkpoint kept
 
-    # --- node id <-> partition id ----------------------------------------------------------
-    def _map_partitions(self) -> dict[int, int]:
-        """Ask every node for its ``partition-id`` until each client id 0..N-1 has exactly one node."""
+    # --- node id <-> partition id after the start ---------------------------------------------------
+    def _rejoin(self, cids: list[int]) -> None:
+        """Before an exchange: wait (up to ``flower.connect_timeout``) until the node of every client in
+        ``cids`` is online. A SuperNode that was restarted comes back with its old node id (SuperNode
+        authentication ties the id to its key) or a new one, which the handshake maps again. So a node
+        that is restarted in time misses only the exchanges it was down for, whatever the timing."""
         deadline = time.monotonic() + self.options.connect_timeout
-        node_of: dict[int, int] = {}
-        asked: set[int] = set()
         while True:
-            new = [n for n in self.grid.get_node_ids() if n not in asked]
+            online = set(self.grid.get_node_ids())
+            new = [n for n in online if n not in self._asked]
             if new:
-                messages = [Message(RecordDict(), dst_node_id=n, message_type=MessageType.QUERY) for n in new]
-                for reply in self.grid.send_and_receive(messages, timeout=max(deadline - time.monotonic(), 1.0)):
-                    node = reply.metadata.src_node_id
-                    if reply.has_error():
-                        log.warning("node %s did not say its partition-id: %s", node, reply.error.reason)
-                        continue
-                    asked.add(node)
-                    pid = int(reply.content.config_records[JOB]["partition_id"])
-                    if pid in node_of and node_of[pid] != node:
-                        raise RoundFailed(f"partition-id {pid} is claimed by two SuperNodes ({node_of[pid]}, {node})")
-                    if not 0 <= pid < self.num_clients:
-                        log.warning(
-                            "node %s has partition-id %s outside 0..%s; ignored", node, pid, self.num_clients - 1
-                        )
-                        continue
-                    node_of[pid] = node
-            if len(node_of) == self.num_clients:
-                return node_of
+                self._adopt(new)
+            missing = [c for c in cids if self.node_of.get(c) not in online]
+            if not missing:
+                return
             if time.monotonic() > deadline:
-                missing = sorted(set(range(self.num_clients)) - set(node_of))
-                raise RoundFailed(
-                    f"no SuperNode for partition-id {missing[:10]} after {self.options.connect_timeout:.0f}s "
-                    f"({len(node_of)} of {self.num_clients} connected); start one per partition with "
-                    "--node-config partition-id=N"
-                )
-            time.sleep(0.2)
+                log.warning("clients %s have no SuperNode online; their messages will fail", missing[:10])
+                return
+            time.sleep(0.5)
+
+    def _adopt(self, nodes: list[int]) -> None:
+        for node, answer in _query(self.grid, nodes, self.mode, self.options.connect_timeout):
+            self._asked.add(node)
+            if answer.get("error"):
+                log.warning("SuperNode %s cannot serve: %s", node, answer["error"])
+                continue
+            pid = int(answer["partition_id"])
+            if not 0 <= pid < self.num_clients:
+                continue
+            if self.mode == DEPLOYMENT:
+                try:
+                    check_consistent([self.federation.first, meta_from_report(str(answer["data"]), f"node {node}")])
+                except ClientFileError as exc:
+                    log.warning("SuperNode %s ignored: %s", node, exc)
+                    continue
+            log.warning("client %s is now served by SuperNode %s (was %s)", pid, node, self.node_of.get(pid))
+            self._cid_of.pop(self.node_of.get(pid, -1), None)
+            self.node_of[pid] = node
+            self._cid_of[node] = pid
 
     # --- client state copies (checkpoints) ---------------------------------------------------
     def client_states(self) -> dict[int, ClientState]:
-        return self._states
+        return self._states  # deployment: always empty, the states stay on the nodes
 
     def load_client_states(self, states: dict[int, ClientState]) -> None:
         self._states = dict(states)
         self._push = set(states)
+
+    def checkpoint_meta(self, keep: int = 1) -> dict[str, Any]:
+        """What a checkpoint must keep of this engine (deployment: the rounds of the nodes' states).
+        ``keep``: how many checkpoints the run keeps; nodes keep every state version any of them needs."""
+        if self.mode != DEPLOYMENT:
+            return {}
+        self._snapshots = [*self._snapshots, dict(self.state_round)][-max(keep, 1) :]
+        self._kept = self._snapshots[0]  # the oldest checkpoint kept: nodes prune up to it
+        return {"node_state_rounds": {str(c): r for c, r in sorted(self.state_round.items())}}
+
+    def restore(self, meta: dict[str, Any]) -> None:
+        rounds = {int(c): int(r) for c, r in (meta.get("node_state_rounds") or {}).items()}
+        self.state_round, self._kept, self._snapshots = dict(rounds), dict(rounds), [dict(rounds)]
 
     # --- rounds ------------------------------------------------------------------------------
     def fit(self, algorithm: Algorithm, rnd: int, payloads: dict[int, Payload]) -> dict[int, Update]:
@@ -167,11 +308,18 @@ class FlowerEngine:
         self, kind: str, algorithm: Algorithm, rnd: int, payloads: dict[int, Payload]
     ) -> dict[int, RecordDict]:
         """Send each client its own payload; return the contents of the good replies by client id."""
+        self._rejoin(sorted(payloads))
         messages = [self._message(kind, algorithm, rnd, cid, payload) for cid, payload in sorted(payloads.items())]
+        replies = send_and_receive(self.grid, messages, self.options.round_timeout)
+        # Flower sets each message's id when it is sent; the SuperLink answers for an unreachable
+        # node itself, so a reply is matched by the message it answers, else by its sender
+        cid_of_message = {
+            m.metadata.message_id: cid for m, cid in zip(messages, sorted(payloads)) if m.metadata.message_id
+        }
         good: dict[int, RecordDict] = {}
         errored: set[int] = set()
-        for reply in self.grid.send_and_receive(messages, timeout=self.options.round_timeout):
-            cid = self._cid_of.get(reply.metadata.src_node_id)
+        for reply in replies:
+            cid = cid_of_message.get(reply.metadata.reply_to_message_id, self._cid_of.get(reply.metadata.src_node_id))
             if cid is None or cid not in payloads:
                 continue
             if reply.has_error():
@@ -179,7 +327,9 @@ class FlowerEngine:
                 self._fail(rnd, cid, kind, _one_line(reply.error.reason))
                 continue
             content = reply.content
-            if has_record(content, STATE):
+            if self.mode == DEPLOYMENT:
+                self.state_round[cid] = max(self.state_round.get(cid, 0), rnd)
+            elif has_record(content, STATE):
                 self._states[cid] = get_record(content, STATE, ClientState)
             self._push.discard(cid)
             good[cid] = content
@@ -195,16 +345,19 @@ class FlowerEngine:
 
     def _message(self, kind: str, algorithm: Algorithm, rnd: int, cid: int, payload: Payload) -> Message:
         content = RecordDict()
-        content[JOB] = ConfigRecord(
-            {
-                "round": rnd,
-                "cid": cid,
-                "experiment": self.experiment_json,
-                "algorithm_module": type(algorithm).__module__,
-            }
-        )
+        job: dict[str, Any] = {
+            "round": rnd,
+            "cid": cid,
+            "experiment": self.job_json,
+            "algorithm_module": type(algorithm).__module__,
+            "mode": self.mode,
+        }
+        if self.mode == DEPLOYMENT:
+            job["state_round"] = self.state_round.get(cid, 0)
+            job["keep_round"] = self._kept.get(cid, 0)
+        content[JOB] = ConfigRecord(job)
         put_record(content, PAYLOAD, payload)
-        if cid in self._push:
+        if cid in self._push and self.mode != DEPLOYMENT:
             put_record(content, STATE, self._states[cid])
         return Message(content, dst_node_id=self.node_of[cid], message_type=kind)
 

@@ -1,8 +1,14 @@
 """Keys of the records exchanged by the ServerApp and the ClientApp (kept import-light)."""
 
-JOB = "fedmerge.job"  # ConfigRecord: round, cid, experiment config (JSON), algorithm module
+JOB = "fedmerge.job"  # ConfigRecord: round, cid, client job (JSON), algorithm module, mode, state rounds
 PAYLOAD = "payload"  # server -> client: the client's own Payload
 UPDATE = "update"  # client -> server: the Update
-STATE = "state"  # client -> server: a copy of the ClientState (checkpoints); server -> client on resume
+STATE = "state"  # simulation only: client -> server copy of the ClientState (checkpoints); server -> client on resume
 METRICS = "metrics"  # client -> server: evaluation metrics (MetricRecord)
-STATE_KEY = "fedmerge.client_state"  # in context.state: ConfigRecord {"bytes": ClientState.to_bytes()}
+STATE_KEY = "fedmerge.client_state"  # simulation: in context.state, ConfigRecord {"bytes": ClientState.to_bytes()}
+
+# Modes of a run. ``simulation``: one machine; the job carries the data config and client states ride
+# with the messages (so resume is exact, as in the local engine). ``deployment``: every node loads its
+# own client file and keeps its own state store; neither data config nor client state travels.
+SIMULATION = "simulation"
+DEPLOYMENT = "deployment"

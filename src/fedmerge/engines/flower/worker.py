@@ -2,27 +2,43 @@
 
 ClientApps are ephemeral (a new process per message in deployment, shared processes in simulation),
 so nothing about a client survives in module globals except a cache of what is rebuilt identically
-from the experiment config (data partition, model object, algorithm object). The client's state lives
-in ``context.state`` as the ClientState's bytes. Running the update through ``LocalEngine`` gives
+from the job (data, model object, algorithm object). Running the update through ``LocalEngine`` gives
 the same seeding (torch's global RNG per round, client and purpose) and hence the same numbers.
+
+Where a client's state lives depends on the run's mode (``protocol``):
+
+- deployment: in the node's :class:`~fedmerge.core.state_store.StateStore` on its own disk, one
+  version per round that produced it. It never travels. Each message names ``state_round``, the last
+  round whose result from this client the server received (its update, or its evaluation), and
+  ``keep_round``, the same as of the server's last checkpoint. The node first drops every version
+  newer than ``state_round`` (work the server never aggregated, or lost in a crash it resumed from),
+  keeps the newest version up to ``keep_round`` and those after it, and then uses the newest it has.
+- simulation: in ``context.state`` as the ClientState's bytes, with a copy in each reply for the
+  server's checkpoints, so resume is exact as with the local engine.
 """
 
 from __future__ import annotations
 
-import importlib
+import hashlib
 import json
+import sys
+from contextlib import ExitStack
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 
 from fedmerge.core.algorithm import ALGORITHMS, Algorithm
 from fedmerge.core.types import ClientState, Payload
+from fedmerge.engines.device import resolve_device
 from fedmerge.engines.local import LocalEngine
 from fedmerge.engines.workers import set_threads
 
 from .client import partition_id
-from .protocol import JOB, METRICS, PAYLOAD, STATE, STATE_KEY, UPDATE
+from .job import build_data, parse_sections
+from .node import NodeSettings, node_data, node_meta, node_settings
+from .protocol import DEPLOYMENT, JOB, METRICS, PAYLOAD, SIMULATION, STATE, STATE_KEY, UPDATE
 from .records import get_record, has_record, put_record, state_from_config, state_to_config
 
 
@@ -33,82 +49,130 @@ class _Worker:
     num_clients: int
 
 
-# Rebuilt identically from the experiment config, so safe to share between the virtual clients a
-# simulation process serves; the client state never lives here.
-_cache: dict[tuple[str, str], _Worker] = {}
+# Rebuilt identically from the job, so safe to share between the virtual clients a simulation
+# process serves; the client state never lives here.
+_cache: dict[tuple[str, ...], _Worker] = {}
 
 
-def _worker(job: ConfigRecord) -> _Worker:
-    key = (str(job["experiment"]), str(job["algorithm_module"]))
+def _build_worker(job: dict[str, Any], algorithm_module: str, clients: Any, input_shape, num_classes) -> _Worker:
+    algo_cfg, model_cfg = parse_sections(job, algorithm_module)
+    from fedmerge.models import build_model
+
+    set_threads(job["threads"])  # as on the server and in the local engine: the same numbers
+    device = resolve_device(job["device"])
+    seed, num_clients = int(job["seed"]), int(job["num_clients"])
+
+    def model_factory(generator: torch.Generator) -> torch.nn.Module:
+        return build_model(model_cfg, input_shape, num_classes, generator=generator)
+
+    algorithm = ALGORITHMS.get(algo_cfg.name).obj(algo_cfg, model_factory, num_clients, seed)
+    model = model_factory(torch.Generator().manual_seed(0))
+    engine = LocalEngine(clients, model, device, seed, eval_batch_size=int(job["eval_batch_size"]))
+    return _Worker(algorithm, engine, num_clients)
+
+
+def _worker(job: ConfigRecord, settings: NodeSettings | None) -> _Worker:
+    where = str(settings.data_path) if settings is not None else ""
+    key = (str(job["experiment"]), str(job["algorithm_module"]), where)
     if key not in _cache:
         _cache.clear()  # one experiment at a time per process
-        _cache[key] = _build_worker(json.loads(key[0]), key[1])
+        spec = json.loads(key[0])
+        device = resolve_device(spec["device"])
+        if settings is not None:  # deployment: this node's own data and nothing else
+            client, meta = node_data(settings, spec.get("split"), int(spec["seed"]))
+            clients: Any = {meta.client_id: client.to(device)}
+            _cache[key] = _build_worker(spec, key[1], clients, meta.input_shape, meta.num_classes)
+        else:
+            data = build_data(spec["data"]).to(device)
+            _cache[key] = _build_worker(spec, key[1], data.clients, data.input_shape, data.num_classes)
     return _cache[key]
 
 
-def _build_worker(experiment: dict, algorithm_module: str) -> _Worker:
-    # The experiment layer rebuilds data and model from the config, as the server did (imported
-    # here, not at module level: experiment imports engines).
-    from fedmerge.experiment.config import experiment_model, validate
-    from fedmerge.experiment.runner import load_data, resolve_device
-    from fedmerge.models import build_model
-
-    if experiment["algorithm"]["name"] not in ALGORITHMS:
-        importlib.import_module(algorithm_module)  # an algorithm registered outside fedmerge.algorithms
-        experiment_model.cache_clear()
-    cfg = validate(experiment)
-    set_threads(cfg.threads)  # as on the server and in the local engine: the same numbers
-    device = resolve_device(cfg.device)
-    data = load_data(cfg).to(device)
-
-    def model_factory(generator: torch.Generator) -> torch.nn.Module:
-        return build_model(cfg.model, data.input_shape, data.num_classes, generator=generator)
-
-    algorithm = ALGORITHMS.get(cfg.algorithm.name).obj(cfg.algorithm, model_factory, len(data.clients), cfg.seed)
-    model = model_factory(torch.Generator().manual_seed(0))
-    engine = LocalEngine(data.clients, model, device, cfg.seed, eval_batch_size=cfg.eval_batch_size)
-    return _Worker(algorithm, engine, len(data.clients))
+@dataclass
+class _Call:
+    worker: _Worker
+    cid: int
+    rnd: int
+    payload: Payload
+    fresh: bool  # no state existed: the engine creates one
+    store: Any  # deployment: the open StateStore
 
 
-def _prepare(msg: Message, context: Context) -> tuple[_Worker, int, int, Payload, bool]:
-    """Worker, round and payload for this message; loads the client state from ``context.state``."""
+def _state_digest(state: ClientState) -> str:
+    return hashlib.sha256(state.to_bytes()).hexdigest()[:16]
+
+
+def _note(cid: int, rnd: int, phase: str, from_round: int | None, state: ClientState | None) -> None:
+    """One line on the node's console: which saved state this message continues from."""
+    where = f"state of round {from_round} (sha256 {_state_digest(state)})" if state is not None else "a fresh state"
+    print(f"fedmerge node: client {cid}, round {rnd} {phase}: starts from {where}", file=sys.stderr, flush=True)
+
+
+def _prepare(msg: Message, context: Context, phase: str, store_scope: Any) -> _Call:
     job = msg.content.config_records[JOB]
-    cid = partition_id(context)
-    if int(job["cid"]) != cid:
-        raise ValueError(f"message for client {job['cid']} reached the SuperNode of partition {cid}")
-    worker = _worker(job)
+    rnd = int(job["round"])
+    payload = get_record(msg.content, PAYLOAD, Payload)
+    if str(job.get("mode", SIMULATION)) == DEPLOYMENT:
+        settings = node_settings(dict(context.node_config))
+        cid = node_meta(settings).client_id
+        if int(job["cid"]) != cid:
+            raise ValueError(f"message for client {job['cid']} reached the SuperNode of client {cid}")
+        worker = _worker(job, settings)
+        from fedmerge.core.state_store import StateStore
+
+        store = store_scope.enter_context(StateStore(settings.store_dir(cid)))
+        state_round = int(job["state_round"])
+        store.rewind(state_round)  # versions the server never aggregated (or lost in a crash)
+        store.prune(min(int(job["keep_round"]), state_round))
+        state = store.get(cid)
+        _note(cid, rnd, phase, store.round_of(cid), state)
+    else:
+        cid = partition_id(context)
+        if int(job["cid"]) != cid:
+            raise ValueError(f"message for client {job['cid']} reached the SuperNode of partition {cid}")
+        worker = _worker(job, None)
+        store = None
+        if has_record(msg.content, STATE):  # the server restores a checkpointed state (resume)
+            state = get_record(msg.content, STATE, ClientState)
+            context.state[STATE_KEY] = state_to_config(state)
+        elif STATE_KEY in context.state.config_records:
+            state = state_from_config(context.state.config_records[STATE_KEY])
+        else:
+            state = None
     if not 0 <= cid < worker.num_clients:
         raise ValueError(f"partition-id {cid} is outside 0..{worker.num_clients - 1}")
-    if has_record(msg.content, STATE):  # the server restores a checkpointed state (resume)
-        state: ClientState | None = get_record(msg.content, STATE, ClientState)
-        context.state[STATE_KEY] = state_to_config(state)
-    elif STATE_KEY in context.state.config_records:
-        state = state_from_config(context.state.config_records[STATE_KEY])
-    else:
-        state = None
     worker.engine.load_client_states({cid: state} if state is not None else {})
-    return worker, cid, int(job["round"]), get_record(msg.content, PAYLOAD, Payload), state is None
+    return _Call(worker, cid, rnd, payload, state is None, store)
 
 
-def _save_state(context: Context, worker: _Worker, cid: int, content: RecordDict) -> None:
-    state = worker.engine.client_states()[cid]
+def _save_state(call: _Call, context: Context, content: RecordDict) -> None:
+    state = call.worker.engine.client_states()[call.cid]
+    if call.store is not None:  # deployment: on this node's disk only, tagged with its round
+        call.store.put(call.cid, state, call.rnd)
+        call.store.flush()
+        return
     context.state[STATE_KEY] = state_to_config(state)
-    put_record(content, STATE, state)  # a copy for the server's checkpoints
+    put_record(content, STATE, state)  # simulation: a copy for the server's checkpoints
 
 
 def train(msg: Message, context: Context) -> Message:
-    worker, cid, rnd, payload, _ = _prepare(msg, context)
-    update = worker.engine.fit(worker.algorithm, rnd, {cid: payload})[cid]
-    content = RecordDict()
-    put_record(content, UPDATE, update)
-    _save_state(context, worker, cid, content)
+    with ExitStack() as scope:
+        call = _prepare(msg, context, "train", scope)
+        update = call.worker.engine.fit(call.worker.algorithm, call.rnd, {call.cid: call.payload})[call.cid]
+        content = RecordDict()
+        put_record(content, UPDATE, update)
+        _save_state(call, context, content)
     return Message(content, reply_to=msg)
 
 
 def evaluate(msg: Message, context: Context) -> Message:
-    worker, cid, rnd, payload, fresh = _prepare(msg, context)
-    metrics = worker.engine.evaluate(worker.algorithm, rnd, {cid: payload})[cid]
-    content = RecordDict({METRICS: MetricRecord({k: float(v) for k, v in metrics.items()})})
-    if fresh:  # evaluation never changes a state, but creates it for a client not trained yet
-        _save_state(context, worker, cid, content)
+    with ExitStack() as scope:
+        call = _prepare(msg, context, "evaluate", scope)
+        metrics = call.worker.engine.evaluate(call.worker.algorithm, call.rnd, {call.cid: call.payload})[call.cid]
+        content = RecordDict({METRICS: MetricRecord({k: float(v) for k, v in metrics.items()})})
+        if call.fresh:  # evaluation never changes a state, but creates it for a client not trained yet
+            _save_state(call, context, content)
     return Message(content, reply_to=msg)
+
+
+__all__ = ["evaluate", "train"]
