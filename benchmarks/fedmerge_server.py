@@ -105,9 +105,12 @@ def main() -> None:
     step()  # warm-up: allocates the reused buffers
     read_once()
     gemms()
-    t_step = timed(step, args.repeats)
-    t_floor = timed(read_once, args.repeats)
-    t_gemm = timed(gemms, args.repeats)
+    # interleaved, so that a change of load on a shared machine hits the three alike
+    t_step, t_floor, t_gemm = [], [], []
+    for _ in range(args.repeats):
+        t_step += timed(step, 1)
+        t_floor += timed(read_once, 1)
+        t_gemm += timed(gemms, 1)
     gbytes = sum(t.numel() * t.element_size() for t in operands) / 1e9
     best_step, best_floor = min(t_step), min(t_floor)
     print(f"d={d} m={args.clients} P={P:,} merge_grad={args.merge_grad} threads={torch.get_num_threads()}")
