@@ -223,7 +223,8 @@ def test_fedproto_with_lambda_zero_is_local_training(tmp_path):
     a, b = (load_checkpoint(r.run_dir / "checkpoints").client_states for r in (local, proto))
     for cid in a:
         assert all(torch.equal(v, b[cid].tensors[k]) for k, v in a[cid].tensors.items())
-    assert proto.summary["communication_per_client_per_round"]["up"] == 10 * 200  # C x D prototypes only
+    # C x D prototypes and the C-entry mask of the classes the client holds: every value that travels
+    assert proto.summary["communication_per_client_per_round"]["up"] == 10 * 200 + 10
 
 
 @pytest.fixture(scope="module")
