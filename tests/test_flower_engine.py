@@ -148,17 +148,6 @@ class FakeGrid:
         return replies
 
 
-@pytest.fixture
-def task_identity():
-    """Messages need a run identity, which a Flower runtime normally sets."""
-    from flwr.supercore.task_identity import TaskIdentity
-
-    saved = TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id
-    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 1
-    yield
-    TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = saved
-
-
 def run_on_grid(tmp_path, grid, *overrides):
     cfg = quick_config(*SMALL, "engine=flower", *overrides)
     return run(cfg, tmp_path / "r", grid=grid)

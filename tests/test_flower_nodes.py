@@ -82,16 +82,6 @@ class NodeGrid:
         return replies
 
 
-@pytest.fixture
-def task_identity():
-    from flwr.supercore.task_identity import TaskIdentity
-
-    saved = TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id
-    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 1
-    yield
-    TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = saved
-
-
 def forbid_server_data(monkeypatch) -> None:
     """From now on, loading a dataset in this process (the server) fails the test."""
     import fedmerge.experiment.runner as runner
