@@ -3,17 +3,12 @@ checkpoints (server file + the store), exact resume, and refusal of a damaged st
 
 from __future__ import annotations
 
-import os
-import signal
 import struct
-import subprocess
-import sys
-import time
 
 import lmdb
 import numpy as np
 import pytest
-from helpers import assert_runs_identical, quick_config, run, strip_timing
+from helpers import assert_runs_identical, kill_9_run_after, quick_config, resume_in_process, run, strip_timing
 from typer.testing import CliRunner
 
 from fedmerge.cli import app
@@ -134,41 +129,9 @@ def test_kill_9_at_1000_clients_then_resume_is_bit_identical(tmp_path):
         "rounds=12",
     ]
     overrides = [*common, "state.cache_size=16", f"output_dir={tmp_path}", "name=killed"]
-    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=os.pathsep.join(sys.path))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "fedmerge.cli", "run", *overrides, "--no-progress"],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    try:
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            metrics = list(tmp_path.glob("killed-*/metrics.jsonl"))
-            if metrics and len(metrics[0].read_text().splitlines()) >= 3:
-                break
-            if proc.poll() is not None:
-                pytest.fail(f"run ended before it could be killed: {proc.stderr.read().decode()}")
-            time.sleep(0.01)
-        else:
-            pytest.fail("run did not reach round 3 in time")
-        time.sleep(0.05)  # land inside a later round, after some of its states were stored
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == -signal.SIGKILL
-    run_dir = metrics[0].parent
+    run_dir = kill_9_run_after(overrides, tmp_path, rounds_logged=3)
     assert len(run_dir.joinpath("metrics.jsonl").read_text().splitlines()) < 12, "killed too late"
-    resumed = subprocess.run(
-        [sys.executable, "-m", "fedmerge.cli", "run", "--resume", str(run_dir), "--no-progress"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert resumed.returncode == 0, resumed.stderr
+    resume_in_process(run_dir)
     full = run(quick_config(*common), tmp_path / "full")
     assert_runs_identical(full.run_dir, run_dir)
 

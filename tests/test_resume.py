@@ -1,13 +1,7 @@
 """Exact resume: an interrupted run, resumed, ends bit-identical to an uninterrupted one."""
 
-import os
-import signal
-import subprocess
-import sys
-import time
-
 import pytest
-from helpers import assert_runs_identical, quick_config, run
+from helpers import assert_runs_identical, kill_9_run_after, quick_config, resume_in_process, run
 from typer.testing import CliRunner
 
 from fedmerge.cli import app
@@ -65,42 +59,8 @@ def test_kill_9_mid_round_then_resume_is_bit_identical(tmp_path):
         f"output_dir={tmp_path}",
         "name=killed",
     ]
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "fedmerge.cli", "run", *overrides, "--no-progress"],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    try:
-        deadline = time.time() + 120
-        run_dir = None
-        while time.time() < deadline:
-            dirs = list(tmp_path.glob("killed-*"))
-            if dirs and (dirs[0] / "metrics.jsonl").exists():
-                run_dir = dirs[0]
-                if len((run_dir / "metrics.jsonl").read_text().splitlines()) >= 2:
-                    break
-            if proc.poll() is not None:
-                pytest.fail(f"run ended before it could be killed: {proc.stderr.read().decode()}")
-            time.sleep(0.01)
-        else:
-            pytest.fail("run did not reach round 2 in time")
-        time.sleep(0.05)  # land somewhere inside round 3
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == -signal.SIGKILL
-    resumed = subprocess.run(
-        [sys.executable, "-m", "fedmerge.cli", "run", "--resume", str(run_dir), "--no-progress"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert resumed.returncode == 0, resumed.stderr
+    run_dir = kill_9_run_after(overrides, tmp_path, rounds_logged=2)
+    resume_in_process(run_dir)
     from fedmerge.experiment.config import load_config
 
     full = run(load_config(None, overrides), tmp_path / "full")
