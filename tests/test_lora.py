@@ -157,3 +157,34 @@ def test_fedlora_keeps_personal_adapter_and_resumes_exactly(tmp_path):
     run(cfg, tmp_path / "resumed", stop_after=1)
     run_experiment(cfg, tmp_path / "resumed", resume=True, show_progress=False)
     assert_runs_identical(tmp_path / "full", tmp_path / "resumed")
+
+
+def test_regmean_sends_the_trained_heads_input_gram_and_no_adapter_gram(model_and_tokens):
+    # On minilm_lora RegMean Gram-merges the head only: the LoRA factors are parameters applied to the
+    # shared backbone by functional_call, not nn.Linear modules of the model, so they are n_i-averaged
+    # (README, after the methods table; the regmean module docstring). The head's Gram is that of the
+    # pooled features of the model *after* local training (B starts at 0: one step changes the features).
+    from types import SimpleNamespace
+
+    from fedmerge.algorithms.regmean import GRAM, RegMean, RegMeanConfig
+    from fedmerge.core.algorithm import ClientContext
+    from fedmerge.core.types import Payload
+
+    model, x, y = model_and_tokens
+    received = {k: v.clone() for k, v in model.state_dict().items()}
+    alg = RegMean(RegMeanConfig(lr=0.5, local_steps=1, batch_size=16), lambda g: model, 1, seed=0)
+    data = SimpleNamespace(x_train=x, y_train=y, x_val=x[:0], y_val=y[:0])
+    ctx = ClientContext(model, torch.device("cpu"), 0, 1, 0)
+    try:
+        update, _ = alg.client_update(Payload(received, {"round": 1}), data, alg.init_client_state(0), ctx)
+        grams = {k: v for k, v in update.tensors.items() if k.startswith(GRAM)}
+        assert list(grams) == [GRAM + "classifier"]
+        with torch.no_grad():
+            f = model.features(x).double()
+            model.load_state_dict(received)
+            f0 = model.features(x).double()
+        gram = grams[GRAM + "classifier"]
+        torch.testing.assert_close(gram, (f.T @ f / len(x)).float())
+        assert not torch.allclose(gram, (f0.T @ f0 / len(x)).float(), rtol=1e-3, atol=1e-4)
+    finally:
+        model.load_state_dict(received)

@@ -74,3 +74,22 @@ def test_gram_merge_keeps_the_average_along_directions_no_client_spans():
     g2 = torch.diag(torch.tensor([0.0, 1.0, 0.0]))
     merged = gram_merge([w1, w2], [g1, g2])
     assert torch.allclose(merged, torch.tensor([[1.0, 4.0, 6.0]]))  # input 2: nobody, the average
+
+
+def test_gram_merge_without_shrinkage_inflates_weights_along_rare_input_directions():
+    # Why RegMean needs alpha < 1 on correlated features (docs: the LIVAR beta 0.2 study): both clients'
+    # inputs lie along (1, 1) up to +-1e-3 on (1, -1), and their layers differ by 0.1. alpha = 1 fits
+    # both clients exactly by a weight of size ~1/1e-3 on the rare direction; the off-diagonal shrinkage
+    # adds (1 - alpha) diag(G), a ridge as large as the common direction, and keeps W near the clients'.
+    r = torch.tensor([[1.0, 1.0], [1.0, -1.0]], dtype=torch.float64) / 2**0.5
+    xs = [torch.tensor([[1.0, 0.0], [1.0, s * 1e-3]], dtype=torch.float64) @ r for s in (1, -1)]
+    ws = [torch.tensor([[1.0, 0.0]], dtype=torch.float64) @ r, torch.tensor([[1.1, 0.0]], dtype=torch.float64) @ r]
+    grams = [x.T @ x for x in xs]
+    exact = gram_merge(ws, grams)
+    x, y = torch.cat(xs), torch.cat([xi @ wi.T for xi, wi in zip(xs, ws)])
+    torch.testing.assert_close(exact, torch.linalg.lstsq(x, y).solution.T)  # the least-squares solution
+    assert float(exact.norm()) > 40  # 1.05 along (1, 1), -50 along (1, -1); the clients' are 1.0 and 1.1
+    for alpha in (0.9, 0.5):
+        shrunk = gram_merge(ws, grams, alpha=alpha)
+        assert float(shrunk.norm()) < 1.1
+        torch.testing.assert_close(shrunk @ r.T[:, :1], torch.tensor([[1.05]], dtype=torch.float64), atol=1e-3, rtol=0)

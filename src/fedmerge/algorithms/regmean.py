@@ -23,6 +23,31 @@ Choices (and where they come from):
 - The solve uses a pseudo-inverse, so input directions no client's data spans get zero weight.
 - A Linear module whose ``forward`` is never called (e.g. ``nn.MultiheadAttention.out_proj``) or
   whose Gram is missing from some update is averaged by ``n_i`` instead.
+
+Two things to know before reading RegMean's figures (found in the LIVAR beta 0.2 study):
+
+- On ``minilm_lora`` only the head is Gram-merged. The LoRA factors are parameters that the model
+  applies to the shared frozen backbone with ``functional_call``, not ``nn.Linear`` modules of the
+  model, so no hook sees their inputs and they are averaged by ``n_i`` (RegMean = FedIT adapters +
+  a RegMean head; the update carries one 384 x 384 Gram).
+- With ``alpha = 1`` the solve is unregularised least squares, and pooled sentence features are
+  strongly correlated (one common direction; the summed Gram of about 1,050 pooled examples has
+  eigenvalues from the largest down to 2.5e-4 of it, and below). Fitting every client's own logits
+  exactly then takes large weights along rare input directions: after round 1 of the study (seed 1)
+  the merged head has norm 10.5 where every client head and the FedAvg head have about 3. The next
+  round's local SGD starts from that head, whose gradients into the adapters are correspondingly
+  larger; at lr 0.2 the adapters move further (LoRA B norm 2.2 after round 3; FedAvg 1.05), the head
+  norm ratchets up (14.5 after round 2; FedAvg 3.2), and the clients' pooled features collapse onto
+  one direction (second Gram eigenvalue 0.6% of the first in round 3, 6% before), so the server's test
+  accuracy falls to 15% in round 3 (0.44, 0.48, 0.15; FedAvg 0.42, 0.51, 0.61) although each round's
+  merge, compared with the n_i-averaged head on the same client updates, is within a point of it or
+  better (in round 3 both give 15%: the adapters, not the head merge, have failed). ``alpha < 1`` adds
+  ``(1 - alpha) diag(G)``, a ridge as large as the common direction, and bounds the merged norm (5.5
+  at alpha 0.9, 4.0 at 0.5 after round 1). This is the method's behaviour, not a numerical problem:
+  float64 Grams and pseudo-inverse thresholds up to 1e-4 give the same accuracy. In that study, at lr
+  0.2, alpha 0.5 is stable on all 3 seeds (last round 64, 62, 60%; alpha 1: 23, 15, 17%); alpha 0.9
+  still drops in round 3 on seed 1 (48, 65, 47%); alpha 1 at lr 0.05 does not collapse (seed 1: 44,
+  47, 50%). So ``alpha`` should be tuned together with the learning rate.
 """
 
 from __future__ import annotations
