@@ -10,6 +10,7 @@ Every option takes a comma-separated list; one line is printed per case (the pro
 
     python benchmarks/sim_efficiency.py --model mlp,twocnn --batch-size 10,32 --clients 20,200 --threads 1,2
     python benchmarks/sim_efficiency.py --model cnn-small --profile   # where a round's time goes
+    python benchmarks/sim_efficiency.py --model mlp --clients 200 --dropped  # what keeping the updates costs
 
 Models: any registered name at its defaults, or ``cnn-small`` (TwoCNN with 8/16 channels, fc 64).
 ``--clock cpu`` times this process's CPU time instead of wall time: on a machine shared with other
@@ -81,14 +82,20 @@ class Case:
         self.state = self.algo.init_server_state()
         self.central = factory(torch_generator(0))
 
-    def federated_round(self, rnd: int) -> tuple[list[float], float]:
-        """(fit seconds of each client, aggregate seconds) of one round."""
+    def federated_round(self, rnd: int, keep: bool = True) -> tuple[list[float], float]:
+        """(fit seconds of each client, aggregate seconds) of one round. With ``keep=False`` each update is
+        dropped as soon as it is made and the round is not aggregated: its memory is then reused by the next
+        client, which shows what writing every update to fresh memory costs."""
         payloads = self.algo.configure(self.state, rnd, list(range(self.clients)))
         fit, updates = [], {}
         for cid, payload in payloads.items():  # one client per call: each one timed on its own
             t0 = clock()
-            updates.update(self.engine.fit(self.algo, rnd, {cid: payload}))
+            update = self.engine.fit(self.algo, rnd, {cid: payload})
             fit.append(clock() - t0)
+            if keep:
+                updates.update(update)
+        if not keep:
+            return fit, 0.0
         t0 = clock()
         self.state = self.algo.aggregate(self.state, rnd, updates)
         return fit, clock() - t0
@@ -114,18 +121,22 @@ class Case:
             plain.append(plain_loop(self.central, [(x0, y0)], self.batch, self.cfg.lr, 1, gen, clock=clock))
         return min(fed[1:]) - min(plain[1:])
 
-    def measure(self, repeats: int) -> tuple[float, float, float]:
-        """(fit, fit + aggregate, plain loop) seconds of a round: for each client (and the aggregation) the
-        fastest of the repeats, which are interleaved so that noise hits both alike. On a busy machine the
-        fastest time is the least disturbed one; whole rounds would be dominated by the noise."""
+    def measure(self, repeats: int, dropped: bool = False) -> tuple[float, float, float, float]:
+        """(fit, fit + aggregate, plain loop, fit with updates dropped) seconds of a round: for each client
+        (and the aggregation) the fastest of the repeats, which are interleaved so that noise hits all alike.
+        On a busy machine the fastest time is the least disturbed one; whole rounds would be dominated by
+        the noise. The last figure is measured only with ``dropped`` (else nan)."""
         self.federated_round(0)  # warm-up: allocator, first optimizer construction
         self.centralized_epoch(0)
-        fit, agg, plain = [float("inf")] * self.clients, float("inf"), [float("inf")] * self.clients
+        inf = [float("inf")] * self.clients
+        fit, agg, plain, drop = list(inf), float("inf"), list(inf), list(inf)
         for r in range(1, repeats + 1):
             f, a = self.federated_round(r)
             fit, agg = [min(u, v) for u, v in zip(fit, f)], min(agg, a)
+            if dropped:
+                drop = [min(u, v) for u, v in zip(drop, self.federated_round(r, keep=False)[0])]
             plain = [min(u, v) for u, v in zip(plain, self.centralized_epoch(r))]
-        return sum(fit), sum(fit) + agg, sum(plain)
+        return sum(fit), sum(fit) + agg, sum(plain), sum(drop) if dropped else float("nan")
 
 
 def csv(kind: type) -> Callable[[str], list]:
@@ -142,6 +153,11 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--clock", choices=sorted(CLOCKS), default="wall")
     ap.add_argument("--profile", action="store_true", help="print a pyinstrument profile of one round per case")
+    ap.add_argument(
+        "--dropped",
+        action="store_true",
+        help="also time the fit with each update dropped at once (memory reused): the cost of keeping updates",
+    )
     args = ap.parse_args()
     global clock
     clock = CLOCKS[args.clock]
@@ -154,13 +170,14 @@ def main() -> None:
     for model, batch, clients, threads in itertools.product(args.model, args.batch_size, args.clients, args.threads):
         torch.set_num_threads(threads)
         case = Case(x, y, model, batch, clients, args.samples)
-        fit, rnd, plain = case.measure(args.repeats)
+        fit, rnd, plain, dropped = case.measure(args.repeats, args.dropped)
         overhead = case.client_overhead(20 * args.repeats)
         n = clients * args.samples
+        kept = f"; keeping the updates costs {(fit - dropped) / plain:.1%} of it" if args.dropped else ""
         print(
             f"model={model:<9} batch={batch:<3} clients={clients:<4} threads={threads}: "
             f"fit/plain {plain / fit:.3f}  round/plain {plain / rnd:.3f}  (plain {n / plain:,.0f} samples/s); "
-            f"per client {overhead * 1e6:.0f} us besides training = {overhead * clients / plain:.1%} of it",
+            f"per client {overhead * 1e6:.0f} us besides training = {overhead * clients / plain:.1%} of it{kept}",
             flush=True,
         )
         if args.profile:
