@@ -14,7 +14,9 @@ tuning grid. The protocol, the same for every row:
    round (the papers' model selection) and at the last round.
 
 Each run is one ``fedmerge run`` process, in a folder of its own named by the row, grid point and
-seed: finished runs are skipped, unfinished ones resumed, so the script can be re-run at will. The
+seed: finished runs are skipped, unfinished ones resumed, so the script can be re-run at will. A run
+folder whose config is not what the study now asks for (a grid, override or base config changed since
+it ran) is refused with the first difference, rather than reused under its old name. The
 report rebuilds nothing: the commands it prints come from each run's ``provenance.jsonl``. The report
 is generated; readings belong in a separate, hand-written file.
 """
@@ -36,7 +38,7 @@ from typing import Any
 
 import yaml
 
-from fedmerge.experiment.config import load_config
+from fedmerge.experiment.config import ConfigError, load_config
 from fedmerge.experiment.provenance import read_provenance, source_commit
 from fedmerge.experiment.regime import FEDAVG_GAP, LOCAL_GAP, central_reference, regime_check
 from fedmerge.experiment.runner import load_data
@@ -99,7 +101,38 @@ def launch(study: dict[str, Any], runs: Path, key: str, overrides: list[str]) ->
     return key, proc.returncode == 0
 
 
+def first_difference(want: Any, have: Any, path: str = "") -> str | None:
+    """``key: study X, run Y`` for the first setting where two config dumps differ, else None."""
+    if isinstance(want, dict) and isinstance(have, dict):
+        for k in sorted(set(want) | set(have)):
+            found = first_difference(want.get(k), have.get(k), f"{path}.{k}" if path else k)
+            if found:
+                return found
+        return None
+    return None if want == have else f"{path}: study {want!r}, run {have!r}"
+
+
+def stale(folder: Path, study: dict[str, Any], key: str, overrides: list[str]) -> str | None:
+    """Why the run in ``folder`` is not the one the study asks for now (its grid, overrides or base
+    config changed since it ran), or None. Runs are found by name, so without this check a changed
+    study would silently reuse runs made with other settings."""
+    want = load_config(study["base"], [*overrides, f"name={key}"]).model_dump(mode="json")
+    try:
+        have = load_config(folder / "config.yaml").model_dump(mode="json")
+    except ConfigError as exc:
+        return f"its config.yaml no longer loads ({exc})"
+    want.pop("output_dir", None), have.pop("output_dir", None)
+    return first_difference(want, have)
+
+
 def run_all(jobs: list[tuple[str, list[str]]], study: dict[str, Any], runs: Path, workers: int) -> None:
+    for key, overrides in jobs:
+        folder = run_folder(runs, key)
+        why = stale(folder, study, key, overrides) if folder is not None else None
+        if why:
+            raise SystemExit(
+                f"error: {folder} was made with other settings ({why}); delete it, or restore the study file"
+            )
     todo = [(k, o) for k, o in jobs if not finished(run_folder(runs, k))]
     if not todo:
         return

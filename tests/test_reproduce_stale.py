@@ -1,0 +1,85 @@
+"""scripts/reproduce.py finds runs by name: a run made with other settings must be refused, not reused."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from fedmerge.cli import app
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def reproduce_module():
+    spec = importlib.util.spec_from_file_location("reproduce", ROOT / "scripts" / "reproduce.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def made_run(tmp_path_factory):
+    """A finished run of a one-row study's grid point 0 (lr 0.05), made by the CLI as reproduce.py makes it."""
+    tmp = tmp_path_factory.mktemp("study")
+    base = tmp / "base.yaml"
+    base.write_text(
+        yaml.safe_dump(
+            {
+                "rounds": 1,
+                "dataset": {"name": "digits"},
+                "partition": {"name": "iid", "num_clients": 3},
+                "model": {"name": "mlp"},
+                "algorithm": {"name": "fedavg", "lr": 0.1},
+            }
+        )
+    )
+    study = {"base": str(base), "seeds": [0], "methods": [{"label": "FedAvg", "grid": {"algorithm.lr": [0.05]}}]}
+    overrides = ["algorithm.lr=0.05", "seed=0"]
+    runs = tmp / "runs"
+    result = CliRunner().invoke(
+        app,
+        [
+            "run",
+            str(base),
+            *overrides,
+            "name=fedavg-g0-s0",
+            "--output-dir",
+            str(runs / "fedavg-g0-s0"),
+            "--no-progress",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    return reproduce_module(), study, runs, overrides, base
+
+
+def test_a_run_made_with_the_studys_settings_is_reused(made_run):
+    rp, study, runs, overrides, _ = made_run
+    folder = rp.run_folder(runs, "fedavg-g0-s0")
+    assert rp.finished(folder)
+    assert rp.stale(folder, study, "fedavg-g0-s0", overrides) is None
+
+
+def test_a_changed_grid_point_or_base_config_is_named(made_run, tmp_path):
+    rp, study, runs, _, base = made_run
+    folder = rp.run_folder(runs, "fedavg-g0-s0")
+    assert rp.stale(folder, study, "fedavg-g0-s0", ["algorithm.lr=0.2", "seed=0"]) == (
+        "algorithm.lr: study 0.2, run 0.05"
+    )
+    changed = tmp_path / "base.yaml"
+    changed.write_text(base.read_text().replace("rounds: 1", "rounds: 2"))
+    assert rp.stale(folder, {**study, "base": str(changed)}, "fedavg-g0-s0", ["algorithm.lr=0.05", "seed=0"]) == (
+        "rounds: study 2, run 1"
+    )
+
+
+def test_run_all_refuses_a_stale_folder_in_one_line(made_run):
+    rp, study, runs, _, _ = made_run
+    with pytest.raises(SystemExit) as exc:
+        rp.run_all([("fedavg-g0-s0", ["algorithm.lr=0.2", "seed=0"])], study, runs, workers=1)
+    message = str(exc.value)
+    assert message.startswith("error: ") and "\n" not in message
+    assert "algorithm.lr: study 0.2, run 0.05" in message and "delete it" in message
