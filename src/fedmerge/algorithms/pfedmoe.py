@@ -245,8 +245,9 @@ class PFedMoE(Algorithm):
         self, payload: Payload, data: ClientDataLike, state: ClientState, ctx: ClientContext
     ) -> dict[str, StateDict | Predictor]:
         dominant = self.personalize(payload, data, state, ctx)
-        moe = self._load(payload, data, state, ctx)
-        return {"": lambda x: predict_logits(moe, x), "dominant_expert": dominant}
+        # The network object is shared by all clients: the predictor loads this client's weights at
+        # each call, so it stays right when a caller asks for other clients' variants in between.
+        return {"": lambda x: self.predict(payload, data, state, ctx, x), "dominant_expert": dominant}
 
     def personalize(self, payload: Payload, data: ClientDataLike, state: ClientState, ctx: ClientContext) -> StateDict:
         """The experiment's plain model: the dominant expert's body with the local head."""
