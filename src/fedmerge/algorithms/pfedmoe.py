@@ -20,6 +20,33 @@ every engine and after a resume.
 Evaluation: the personalised model is the client's full network (both experts, gate, head), given
 to the engine as a predictor. The variant ``dominant_expert`` is the experiment's plain model made of
 the dominant expert's body (larger mean gate weight on the training data) and the local head.
+
+Expert sizes (a design choice of ours). The paper's global expert is a *small* homogeneous extractor
+next to each client's own (heterogeneous, larger) model; here both experts are the experiment's model
+minus its head. For the MLP 384-200-26 of the WordNet studies, an expert is the 384->200 Linear+ReLU
+(77,000 parameters, the same body Local trains), the head the personal 200->26 Linear; a client fits
+2.55x Local's parameters (209,792 with the gate) to the same data.
+
+Why it trails Local in the WordNet cluster studies (configs/repro/fedmerge_wordnet_cluster6.yaml, seed
+0, lr 0.2; ``python scripts/pfedmoe_diagnose.py algorithm.lr=0.2 seed=0``; accuracies are client means
+over val+test, where Local scores 70.8 and pFedMoE 67.3). Not a bug: a two-round reference test checks
+what is trained, kept across rounds, averaged and evaluated. With ~21 training samples per client, the
+whole mixture fits them within a few rounds (mean training CE 0.19 at round 5, 0.05 at 10, 0.005 at 50;
+FedAvg's is still 0.25 at round 50), so the global expert's gradients vanish and it stops learning: its
+first layer moves 0.30% per round at round 10 and 0.04% at 50, against FedAvg's 1.45% and 0.43%. What is
+shared then adds nothing: the same network trained without any averaging (``--no-share``) scores as well
+(unshared vs shared: 67.4 vs 67.3; seeds 1 and 2: 65.3 vs 63.8, 64.3 vs 64.6; at lr 0.4: 68.5 vs 68.0,
+at 0.8: 71.9 vs 70.9; in the 10-topic study fedmerge_wordnet_cluster at its lr 0.1, seed 0: 64.9 vs
+64.5), although a shared body is worth a lot here when fine-tuned (FedAvg+ 75.1 vs Local 69.5 in the
+study). The gap to Local is the mixture itself on so few samples: the gate does not collapse (mean
+weight of the global expert 0.39, 0.30..0.48 across clients, per sample 0.09..0.97; replacing it by each
+client's mean weights gives 65.9) and averaging drift is nil (the client's own pre-averaging global
+expert gives the same 67.3). The mixture scales each expert's gradient and output by its gate weight, so
+it wants a larger step than Local: validation top-1 at lr 0.2: 67.7, 0.4: 67.2, 0.8: 71.3 (Local 69.5,
+69.1, 68.2), but 0.8 diverges on seed 2 (training CE 374 at round 10, test 61.1) and 1.6 on seed 0, so
+0.2 is the best stable choice of the grid, not an artefact of its edge. The FedMerge paper's setting
+(CIFAR-100, a ResNet-9, Local at 23.1%) is presumably one where no client fits its data alone, so the
+global expert keeps receiving gradient.
 """
 
 from __future__ import annotations
@@ -245,8 +272,9 @@ class PFedMoE(Algorithm):
         self, payload: Payload, data: ClientDataLike, state: ClientState, ctx: ClientContext
     ) -> dict[str, StateDict | Predictor]:
         dominant = self.personalize(payload, data, state, ctx)
-        moe = self._load(payload, data, state, ctx)
-        return {"": lambda x: predict_logits(moe, x), "dominant_expert": dominant}
+        # The network object is shared by all clients: the predictor loads this client's weights at
+        # each call, so it stays right when a caller asks for other clients' variants in between.
+        return {"": lambda x: self.predict(payload, data, state, ctx, x), "dominant_expert": dominant}
 
     def personalize(self, payload: Payload, data: ClientDataLike, state: ClientState, ctx: ClientContext) -> StateDict:
         """The experiment's plain model: the dominant expert's body with the local head."""
