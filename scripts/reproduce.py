@@ -38,7 +38,7 @@ from typing import Any
 
 import yaml
 
-from fedmerge.experiment.config import ConfigError, load_config
+from fedmerge.experiment.config import ConfigError, first_config_difference, load_config
 from fedmerge.experiment.provenance import read_provenance, source_commit
 from fedmerge.experiment.regime import FEDAVG_GAP, LOCAL_GAP, central_reference, regime_check
 from fedmerge.experiment.runner import load_data
@@ -101,17 +101,6 @@ def launch(study: dict[str, Any], runs: Path, key: str, overrides: list[str]) ->
     return key, proc.returncode == 0
 
 
-def first_difference(want: Any, have: Any, path: str = "") -> str | None:
-    """``key: study X, run Y`` for the first setting where two config dumps differ, else None."""
-    if isinstance(want, dict) and isinstance(have, dict):
-        for k in sorted(set(want) | set(have)):
-            found = first_difference(want.get(k), have.get(k), f"{path}.{k}" if path else k)
-            if found:
-                return found
-        return None
-    return None if want == have else f"{path}: study {want!r}, run {have!r}"
-
-
 def stale(folder: Path, study: dict[str, Any], key: str, overrides: list[str]) -> str | None:
     """Why the run in ``folder`` is not the one the study asks for now (its grid, overrides or base
     config changed since it ran), or None. Runs are found by name, so without this check a changed
@@ -121,11 +110,12 @@ def stale(folder: Path, study: dict[str, Any], key: str, overrides: list[str]) -
         have = load_config(folder / "config.yaml").model_dump(mode="json")
     except ConfigError as exc:
         return f"its config.yaml no longer loads ({exc})"
-    want.pop("output_dir", None), have.pop("output_dir", None)
-    return first_difference(want, have)
+    diff = first_config_difference(have, want)
+    return None if diff is None else f"{diff[0]}: study {diff[2]!r}, run {diff[1]!r}"
 
 
 def run_all(jobs: list[tuple[str, list[str]]], study: dict[str, Any], runs: Path, workers: int) -> None:
+    todo = []
     for key, overrides in jobs:
         folder = run_folder(runs, key)
         why = stale(folder, study, key, overrides) if folder is not None else None
@@ -133,7 +123,8 @@ def run_all(jobs: list[tuple[str, list[str]]], study: dict[str, Any], runs: Path
             raise SystemExit(
                 f"error: {folder} was made with other settings ({why}); delete it, or restore the study file"
             )
-    todo = [(k, o) for k, o in jobs if not finished(run_folder(runs, k))]
+        if not finished(folder):
+            todo.append((key, overrides))
     if not todo:
         return
     t0 = time.time()

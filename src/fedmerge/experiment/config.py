@@ -347,6 +347,27 @@ def _deep_copy(data: Any) -> Any:
     return data
 
 
+# Keys that do not change what a finished run means: a sweep or study run again with other --jobs
+# (threads), elsewhere or under another name reuses the run.
+RUN_LOCAL_KEYS = {"threads", "output_dir", "name", "eval_batch_size", "device"}
+
+
+def first_config_difference(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> tuple[str, Any, Any] | None:
+    """(dotted key, old value, new value) of the first setting where two config dumps differ, ignoring
+    :data:`RUN_LOCAL_KEYS`; None when they describe the same run."""
+    for key in sorted(set(old) | set(new)):
+        if not prefix and key in RUN_LOCAL_KEYS:
+            continue
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            found = first_config_difference(a, b, f"{prefix}{key}.")
+            if found:
+                return found
+        elif a != b:
+            return f"{prefix}{key}", a, b
+    return None
+
+
 def config_warnings(cfg: BaseModel) -> list[str]:
     """Valid but most likely unintended settings (one line each)."""
     warnings = []

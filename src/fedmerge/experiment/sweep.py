@@ -33,7 +33,7 @@ import yaml
 from fedmerge.core.checkpoint import atomic_write_bytes
 
 from .compare import DONE, FAILED, INCOMPLETE, PENDING, RunRecord, SettingTable, compare, to_csv, to_markdown
-from .config import ConfigError, load_config
+from .config import ConfigError, first_config_difference, load_config
 from .results import CONFIG_FILE, METRICS_FILE, SUMMARY_FILE
 from .sweep_spec import SweepPoint, SweepSpec, expand
 
@@ -45,8 +45,6 @@ LOGS_DIR = "logs"
 RESULTS_MD = "results.md"
 RESULTS_CSV = "results.csv"
 INTERRUPTED = "interrupted"
-# keys that do not change what a finished run means: a sweep run again with other --jobs reuses it
-IGNORED_KEYS = {"threads", "output_dir", "name", "eval_batch_size", "device"}
 
 Notify = Callable[[str], None]
 
@@ -107,27 +105,13 @@ def _check_same_config(run_dir: Path, point: SweepPoint) -> None:
     except ConfigError:
         old = {}
     new = point.config.model_dump(mode="json")
-    diff = _first_difference(old, new)
+    diff = first_config_difference(old, new)
     if diff is not None:
         key, was, now = diff
         raise ConfigError(
             f"{run_dir} was made with {key}={was!r}, this sweep has {key}={now!r}; "
             "use another --out folder or delete that run folder"
         )
-
-
-def _first_difference(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> tuple[str, Any, Any] | None:
-    for key in sorted(set(old) | set(new)):
-        if not prefix and key in IGNORED_KEYS:
-            continue
-        a, b = old.get(key), new.get(key)
-        if isinstance(a, dict) and isinstance(b, dict):
-            found = _first_difference(a, b, f"{prefix}{key}.")
-            if found:
-                return found
-        elif a != b:
-            return f"{prefix}{key}", a, b
-    return None
 
 
 # --- running -----------------------------------------------------------------------------------
