@@ -188,3 +188,26 @@ def test_regmean_sends_the_trained_heads_input_gram_and_no_adapter_gram(model_an
         assert not torch.allclose(gram, (f0.T @ f0 / len(x)).float(), rtol=1e-3, atol=1e-4)
     finally:
         model.load_state_dict(received)
+
+
+def test_gate_input_of_token_ids_is_the_mean_frozen_input_embedding(model_and_tokens):
+    model, x, _ = model_and_tokens
+    bb = model.backbone(x.device)
+    emb = bb.module.get_input_embeddings().weight
+    got = model.gate_input(x[:2])
+    for i in range(2):  # by hand: average the embedding rows of the non-pad tokens
+        ids = [t for t in x[i].tolist() if t != bb.pad_id]
+        assert torch.allclose(got[i], emb[ids].mean(0), atol=1e-6)
+    assert got.shape == (2, bb.hidden) and not got.requires_grad
+
+
+def test_pfedmoe_over_adapters_gates_on_embeddings_and_keeps_personal_experts(tmp_path):
+    # Token ids are int64: the gate used to normalise them directly and failed with a dtype error.
+    res = run(lora_config(tmp_path, "algorithm.name=pfedmoe", "rounds=2"), tmp_path / "moe")
+    states = load_checkpoint(res.run_dir / "checkpoints").client_states
+    hidden = res.server_state.tensors  # the global expert: the adapters only, no head
+    assert hidden and all(k.startswith("lora.") for k in hidden)
+    for cid in (0, 1):
+        assert states[cid].tensors["gate/norm.weight"].shape == (384,)
+        assert any(k.startswith("local/classifier") for k in states[cid].tensors)
+    assert 0.0 <= res.summary["last"]["clients"]["test_acc"]["mean"] <= 1.0  # the mixture was evaluated

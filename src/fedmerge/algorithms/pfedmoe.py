@@ -7,9 +7,11 @@ from the experiment's model factory:
 - global expert: the body (everything but ``head_prefix``) of one model, shared and averaged by n_i
   (``weighting: uniform`` for an unweighted mean); it is the only thing that travels (down and up);
 - local expert: a second model of the same architecture (its own seeded initialisation), personal;
-- gate: ``flatten(x) -> LayerNorm -> Linear(in, gate_hidden) -> BatchNorm -> sigmoid ->
+- gate: ``gate_input(x) -> LayerNorm -> Linear(in, gate_hidden) -> BatchNorm -> sigmoid ->
   Linear(gate_hidden, 2) -> BatchNorm -> softmax``, two weights per sample that mix the experts'
-  *representations*: ``h = g0 * h_global + g1 * h_local`` (the fork's SwitchNorm is LayerNorm here);
+  *representations*: ``h = g0 * h_global + g1 * h_local`` (the fork's SwitchNorm is LayerNorm here).
+  ``gate_input`` is the flattened input, or for token-id models (``minilm_lora``) the mean of the
+  frozen input embeddings of the tokens, since ids are not features;
 - head: the local expert's ``classifier`` on h, personal.
 
 Everything is trained jointly, end to end with CE, in one ``local_sgd`` call. The local expert, gate
@@ -129,6 +131,13 @@ def gate_init(in_features: int, hidden: int, gen: torch.Generator) -> StateDict:
     }
 
 
+def gate_input(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """What the gate reads: the model's ``gate_input`` (token-id models give a float vector), else the
+    flattened input."""
+    fn = getattr(model, "gate_input", None)
+    return fn(x) if fn is not None else x.flatten(1)
+
+
 class MoE(nn.Module):
     """Two experts of the experiment's architecture, mixed per sample by the gate, then the head
     (``local_expert.classifier``). The global expert's own head is never used."""
@@ -139,8 +148,12 @@ class MoE(nn.Module):
         self.local_expert = local_expert
         self.gate = gate
 
+    def weights(self, x: torch.Tensor) -> torch.Tensor:
+        """Per-sample (global, local) expert weights, from the input as the model presents it to gates."""
+        return self.gate(gate_input(self.local_expert, x))
+
     def mix(self, x: torch.Tensor) -> torch.Tensor:
-        g = self.gate(x)
+        g = self.weights(x)
         hg, hl = self.global_expert.features(x), self.local_expert.features(x)
         shape = (-1,) + (1,) * (hg.dim() - 1)
         return g[:, 0].view(shape) * hg + g[:, 1].view(shape) * hl
@@ -166,7 +179,8 @@ class PFedMoE(Algorithm):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._head_prefix = head_prefix(self.model_factory(torch.Generator().manual_seed(0)))
+        self._probe = self.model_factory(torch.Generator().manual_seed(0))  # sizes the gate's input
+        self._head_prefix = head_prefix(self._probe)
         self._moe: dict[tuple[int, str], MoE] = {}  # one reused network per (input size, device)
 
     def _is_head(self, key: str) -> bool:
@@ -201,8 +215,11 @@ class PFedMoE(Algorithm):
     def init_client_state(self, cid: int) -> ClientState:
         return ClientState(with_prefix(LOCAL, self.initial_weights("pfedmoe/local-expert", cid)))
 
+    def _gate_features(self, x: torch.Tensor) -> int:
+        return int(gate_input(self._probe, x[:1]).shape[1])
+
     def _network(self, x: torch.Tensor, device: torch.device) -> MoE:
-        in_features = int(math.prod(x.shape[1:]))
+        in_features = self._gate_features(x)
         key = (in_features, str(device))
         if key not in self._moe:
             make = self.model_factory
@@ -223,7 +240,7 @@ class PFedMoE(Algorithm):
         moe.local_expert.load_state_dict(strip_prefix(LOCAL, state.tensors))
         gate = strip_prefix(GATE, state.tensors)
         if not gate:  # the client's first call: its own seeded gate
-            in_features = int(math.prod(data.x_train.shape[1:]))
+            in_features = self._gate_features(data.x_train)
             gen = torch_generator(self.seed, NO_ROUND, ctx.cid, "pfedmoe/gate")
             gate = gate_init(in_features, self.config.gate_hidden, gen)
         moe.gate.load_state_dict(gate)
@@ -265,7 +282,7 @@ class PFedMoE(Algorithm):
         moe = self._load(payload, data, state, ctx)
         moe.eval()
         x = data.x_train
-        g = torch.cat([moe.gate(x[i : i + 1024]) for i in range(0, x.shape[0], 1024)])
+        g = torch.cat([moe.weights(x[i : i + 1024]) for i in range(0, x.shape[0], 1024)])
         return [float(v) for v in g.mean(dim=0)]
 
     def personalize_variants(

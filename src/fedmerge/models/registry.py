@@ -33,6 +33,11 @@ class Classifier(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         return self.classifier(self.features(x))
 
+    def gate_input(self, x: Tensor) -> Tensor:
+        """A fixed (untrained) float vector per sample for input-conditioned gates (pFedMoE): the
+        flattened input by default; models whose inputs are not features (token ids) override it."""
+        return x.flatten(1)
+
 
 def image_shape(input_shape: tuple[int, ...], model: str) -> tuple[int, int, int]:
     if len(input_shape) != 3:

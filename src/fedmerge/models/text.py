@@ -180,6 +180,14 @@ class LoRAClassifier(Classifier):
         """State-dict keys of the adapter tensors (everything but the head)."""
         return [f"lora.{short}" for short in self._names]
 
+    @torch.no_grad()
+    def gate_input(self, x: Tensor) -> Tensor:
+        """Token ids are not features: the masked mean of the frozen input embeddings of the tokens."""
+        bb = self.backbone(x.device)
+        mask = (x != bb.pad_id).unsqueeze(-1).float()
+        emb = bb.module.get_input_embeddings()(x)
+        return (emb * mask).sum(1) / mask.sum(1).clamp_min(1.0)
+
     def features(self, x: Tensor, personal: Mapping[str, Tensor] | None = None) -> Tensor:
         """Pooled sentence features. ``personal`` (keys as :meth:`adapter_keys`) is a second adapter
         added to this one (FedLoRA): stacking the ranks, ``[B, B'] @ [A; A'] = B A + B' A'``."""
