@@ -401,3 +401,34 @@ def test_run_folder_is_named_after_the_resolved_config(tmp_path):
     assert result.exit_code == 0, result.output
     (run_dir,) = (tmp_path / "runs").iterdir()
     assert run_dir.name.startswith("fedprox-npz-")
+
+
+def test_a_bug_prints_one_error_and_saves_the_traceback(tmp_path, monkeypatch, capsys):
+    import fedmerge.cli as cli
+    import fedmerge.experiment.runner as runner
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("mixed dtype (CPU): all inputs must share same datatype.\nsecond line")
+
+    monkeypatch.setattr(runner, "run_from_files", broken)
+    monkeypatch.setattr(sys, "argv", ["fedmerge", "run", str(CONFIGS / "digits_fedavg.yaml")])
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.delenv("FEDMERGE_TRACEBACK", raising=False)
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", None)  # re-read TMPDIR
+    with pytest.raises(SystemExit) as stop:
+        cli.main()
+    assert stop.value.code == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "second line" not in err
+    assert "internal error: RuntimeError: mixed dtype (CPU)" in err
+    (log,) = tmp_path.glob("fedmerge-crash-*.log")
+    assert str(log) in err.replace("\n", "")
+    saved = log.read_text()
+    assert saved.startswith(f"fedmerge run {CONFIGS / 'digits_fedavg.yaml'}") and "Traceback" in saved
+    assert "def broken" not in err and "in broken" in saved
+
+    monkeypatch.setenv("FEDMERGE_TRACEBACK", "1")  # a developer asks for the traceback itself
+    with pytest.raises(RuntimeError, match="mixed dtype"):
+        cli.main()

@@ -541,11 +541,41 @@ def livar_calibrate_cmd(
     out.print(f"table saved to {result.out_dir / 'g_shap.json'}", soft_wrap=True, highlight=False)
 
 
+def _report_crash(exc: BaseException) -> None:
+    """A bug, not a user error: one line on the terminal, the traceback in a file to attach to a report.
+    ``FEDMERGE_TRACEBACK=1`` prints the traceback instead."""
+    import os
+    import tempfile
+    import time
+    import traceback
+
+    if os.environ.get("FEDMERGE_TRACEBACK") == "1":
+        raise exc
+    text = "".join(traceback.format_exception(exc))
+    where = Path(tempfile.gettempdir()) / f"fedmerge-crash-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+    try:
+        where.write_text(f"fedmerge {' '.join(sys.argv[1:])}\n\n{text}")
+        saved = f"the traceback is in {where}"
+    except OSError:
+        saved = "run again with FEDMERGE_TRACEBACK=1 to see the traceback"
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    err.print(
+        f"[bold red]internal error:[/] {escape(type(exc).__name__)}: {escape(first)}\n"
+        f"This is a bug in fedmerge, not in your input; {escape(saved)}. A run that was under way "
+        "keeps its last checkpoint: fix or report, then fedmerge run --resume RUN_DIR.",
+        highlight=False,
+        soft_wrap=True,
+    )
+    sys.exit(1)
+
+
 def main() -> None:
     try:
         app()
     except BrokenPipeError:  # e.g. `fedmerge list | head`
         sys.exit(0)
+    except Exception as exc:  # noqa: BLE001  (anything else is a bug: no traceback on the terminal)
+        _report_crash(exc)
 
 
 if __name__ == "__main__":
