@@ -17,6 +17,7 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_show_locals=False,
     help="Personalized federated learning by model merging.",
+    epilog="An internal error prints one line and saves its traceback to a file; FEDMERGE_TRACEBACK=1 prints it.",
 )
 out = Console()
 err = Console(stderr=True)
