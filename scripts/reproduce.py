@@ -1,6 +1,7 @@
 """Run one reproduction study (regime check, equal-budget tuning, seeds) and write its report.
 
     python scripts/reproduce.py STUDY.yaml [--runs RUNS_DIR] [--out REPORT.md] [--jobs 2] [--report-only]
+    python scripts/reproduce.py STUDY_wide.yaml --share-runs-from STUDY.yaml ...   # reuse unchanged runs
 
 A study file names a base config, the seeds, and the methods (rows), each with fixed overrides and a
 tuning grid. The protocol, the same for every row:
@@ -133,6 +134,39 @@ def run_all(jobs: list[tuple[str, list[str]]], study: dict[str, Any], runs: Path
         for i, (key, ok) in enumerate(pool.map(lambda j: launch(study, runs, *j), todo), 1):
             eta = (time.time() - t0) / i * (len(todo) - i)
             print(f"[{i}/{len(todo)}] {key}: {'ok' if ok else 'FAILED'}  (eta {eta / 60:.0f} min)", flush=True)
+
+
+def share_runs(study: dict[str, Any], runs: Path, old_study: dict[str, Any], old_runs: Path) -> int:
+    """Copy into ``runs`` the finished runs of another study (a grid widened for some rows) that are
+    exactly runs this study asks for: same row, grid point and seed, and a config that passes the
+    staleness check. Its central references come too when the regime settings match. Returns the
+    number of run folders copied; each keeps its own provenance (command, commit)."""
+    import shutil
+
+    copied = 0
+    for method in study["methods"]:
+        for gi, point in enumerate(grid_points(method)):
+            for seed in study["seeds"]:
+                key = run_key(method["label"], gi, seed)
+                src = run_folder(old_runs, key)
+                if run_folder(runs, key) is not None or not finished(src):
+                    continue
+                if stale(src, study, key, base_overrides(method, point, seed)) is None:
+                    shutil.copytree(old_runs / key, runs / key, symlinks=True)
+                    copied += 1
+    same_ref = (
+        study.get("regime") == old_study.get("regime")
+        and study["base"] == old_study["base"]
+        and (study.get("regime", {}).get("lrs") or local_lrs(study))
+        == (old_study.get("regime", {}).get("lrs") or local_lrs(old_study))
+    )
+    if same_ref:
+        for seed in study["seeds"]:
+            ref = old_runs / f"regime-seed{seed}.json"
+            if ref.exists() and not (runs / ref.name).exists():
+                runs.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(ref, runs / ref.name)
+    return copied
 
 
 def base_overrides(method: dict[str, Any], point: dict[str, Any], seed: int) -> list[str]:
@@ -415,6 +449,13 @@ def main() -> None:
     ap.add_argument(
         "--regime-only", action="store_true", help="only the Local and FedAvg rows: check the regime before the table"
     )
+    ap.add_argument(
+        "--share-runs-from",
+        type=Path,
+        metavar="OLD_STUDY",
+        help="first copy the finished runs of OLD_STUDY (runs/repro/OLD_STUDY_NAME) that this study asks for "
+        "unchanged (e.g. after widening some rows' grids)",
+    )
     args = ap.parse_args()
     study = load_study(args.study)
     if args.regime_only:
@@ -422,6 +463,10 @@ def main() -> None:
         study["methods"] = [m for m in study["methods"] if m["label"] in keep]
         study["title"] += " (regime check only)"
     runs = args.runs or Path("runs/repro") / args.study.stem
+    if args.share_runs_from:
+        old = args.share_runs_from
+        n = share_runs(study, runs, load_study(old), Path("runs/repro") / old.stem)
+        print(f"{n} finished runs copied from {Path('runs/repro') / old.stem}", flush=True)
     if args.report_only:
         chosen = choose(study, runs)
     else:

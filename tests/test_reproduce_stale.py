@@ -83,3 +83,19 @@ def test_run_all_refuses_a_stale_folder_in_one_line(made_run):
     message = str(exc.value)
     assert message.startswith("error: ") and "\n" not in message
     assert "algorithm.lr: study 0.2, run 0.05" in message and "delete it" in message
+
+
+def test_share_runs_copies_only_runs_the_new_study_asks_for_unchanged(made_run, tmp_path):
+    rp, study, runs, _, _ = made_run
+    (runs / "regime-seed0.json").write_text("{}")
+    wider = {**study, "methods": [{"label": "FedAvg", "grid": {"algorithm.lr": [0.05, 0.4]}}]}
+    new_runs = tmp_path / "wide"
+    assert rp.share_runs(wider, new_runs, study, runs) == 1
+    assert rp.finished(rp.run_folder(new_runs, "fedavg-g0-s0")) and not (new_runs / "fedavg-g1-s0").exists()
+    assert (new_runs / "regime-seed0.json").exists()  # same regime settings and reference grid
+    assert rp.share_runs(wider, new_runs, study, runs) == 0  # already there: nothing to do
+
+    moved = {**study, "regime": {"lrs": [0.4]}, "methods": [{"label": "FedAvg", "grid": {"algorithm.lr": [0.4, 0.05]}}]}
+    other = tmp_path / "moved"
+    assert rp.share_runs(moved, other, study, runs) == 0  # g0 is now lr 0.4: a different run
+    assert not (other / "regime-seed0.json").exists()  # the reference is tuned over other lrs
