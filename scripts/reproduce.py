@@ -154,12 +154,12 @@ def share_runs(study: dict[str, Any], runs: Path, old_study: dict[str, Any], old
                 if stale(src, study, key, base_overrides(method, point, seed)) is None:
                     shutil.copytree(old_runs / key, runs / key, symlinks=True)
                     copied += 1
-    same_ref = (
-        study.get("regime") == old_study.get("regime")
-        and study["base"] == old_study["base"]
-        and (study.get("regime", {}).get("lrs") or local_lrs(study))
-        == (old_study.get("regime", {}).get("lrs") or local_lrs(old_study))
-    )
+
+    def reference_settings(s: dict[str, Any]) -> tuple:
+        opts = dict(s.get("regime", {}))
+        return s["base"], opts.pop("lrs", None) or local_lrs(s), opts
+
+    same_ref = reference_settings(study) == reference_settings(old_study)
     if same_ref:
         for seed in study["seeds"]:
             ref = old_runs / f"regime-seed{seed}.json"
