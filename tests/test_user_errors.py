@@ -432,3 +432,16 @@ def test_a_bug_prints_one_error_and_saves_the_traceback(tmp_path, monkeypatch, c
     monkeypatch.setenv("FEDMERGE_TRACEBACK", "1")  # a developer asks for the traceback itself
     with pytest.raises(RuntimeError, match="mixed dtype"):
         cli.main()
+
+
+def test_ctrl_c_in_any_command_stops_with_one_line(monkeypatch, capsys):
+    import fedmerge.cli as cli
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "app", interrupted)
+    with pytest.raises(SystemExit) as stop:
+        cli.main()
+    assert stop.value.code == 130
+    assert capsys.readouterr().err.strip() == "interrupted"

@@ -575,6 +575,9 @@ def main() -> None:
         app()
     except BrokenPipeError:  # e.g. `fedmerge list | head`
         sys.exit(0)
+    except KeyboardInterrupt:  # commands that can continue say how; the others just stop
+        err.print("[bold red]interrupted[/]", highlight=False)
+        sys.exit(130)
     except Exception as exc:  # noqa: BLE001  (anything else is a bug: no traceback on the terminal)
         _report_crash(exc)
 
