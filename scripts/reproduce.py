@@ -29,6 +29,7 @@ import itertools
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -141,8 +142,6 @@ def share_runs(study: dict[str, Any], runs: Path, old_study: dict[str, Any], old
     exactly runs this study asks for: same row, grid point and seed, and a config that passes the
     staleness check. Its central references come too when the regime settings match. Returns the
     number of run folders copied; each keeps its own provenance (command, commit)."""
-    import shutil
-
     copied = 0
     for method in study["methods"]:
         for gi, point in enumerate(grid_points(method)):

@@ -182,6 +182,7 @@ class PFedMoE(Algorithm):
         self._probe = self.model_factory(torch.Generator().manual_seed(0))  # sizes the gate's input
         self._head_prefix = head_prefix(self._probe)
         self._moe: dict[tuple[int, str], MoE] = {}  # one reused network per (input size, device)
+        self._gate_sizes: dict[tuple[int, ...], int] = {}  # gate input size per input shape, found once
 
     def _is_head(self, key: str) -> bool:
         return is_head(key, self._head_prefix)
@@ -216,7 +217,10 @@ class PFedMoE(Algorithm):
         return ClientState(with_prefix(LOCAL, self.initial_weights("pfedmoe/local-expert", cid)))
 
     def _gate_features(self, x: torch.Tensor) -> int:
-        return int(gate_input(self._probe, x[:1]).shape[1])
+        shape = tuple(x.shape[1:])
+        if shape not in self._gate_sizes:  # not on every client call: a token model embeds to find it
+            self._gate_sizes[shape] = int(gate_input(self._probe, x[:1]).shape[1])
+        return self._gate_sizes[shape]
 
     def _network(self, x: torch.Tensor, device: torch.device) -> MoE:
         in_features = self._gate_features(x)
