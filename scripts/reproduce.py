@@ -56,6 +56,15 @@ def load_study(path: Path) -> dict[str, Any]:
     sizes = {m["label"]: len(grid_points(m)) for m in study["methods"]}
     if len(set(sizes.values())) > 1:
         raise SystemExit(f"{path}: unequal tuning budgets {sizes}; give every method the same number of grid points")
+    # Every grid point must be a valid config before anything runs: a point the config refuses (Ditto's
+    # lr x lam >= 2, say) would otherwise fail as a run, or stop a --share-runs-from with a traceback.
+    for m in study["methods"]:
+        for point in grid_points(m):
+            try:
+                load_config(study["base"], base_overrides(m, point, study.get("tune_seed", study["seeds"][0])))
+            except ConfigError as exc:
+                first = str(exc).strip().splitlines()[0]
+                raise SystemExit(f"error: {path}: row {m['label']!r}, grid point {point}: {first}") from None
     return study
 
 

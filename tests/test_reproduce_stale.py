@@ -99,3 +99,24 @@ def test_share_runs_copies_only_runs_the_new_study_asks_for_unchanged(made_run, 
     other = tmp_path / "moved"
     assert rp.share_runs(moved, other, study, runs) == 0  # g0 is now lr 0.4: a different run
     assert not (other / "regime-seed0.json").exists()  # the reference is tuned over other lrs
+
+
+def test_a_grid_point_the_config_refuses_is_named_before_anything_runs(made_run, tmp_path):
+    rp, study, _, _, base = made_run
+    bad = {
+        **study,
+        "methods": [
+            {"label": "FedAvg", "grid": {"algorithm.lr": [0.05, 0.1]}},
+            {"label": "Ditto", "overrides": ["algorithm.name=ditto"], "grid": {"algorithm.lam": [1.0, 100.0]}},
+        ],
+    }
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(bad))
+    with pytest.raises(SystemExit) as exc:
+        rp.load_study(path)
+    message = str(exc.value)
+    assert message.startswith("error: ") and "\n" not in message
+    assert "row 'Ditto'" in message and "100.0" in message and "lam must be below 2" in message
+    good = {**bad, "methods": [bad["methods"][0], {**bad["methods"][1], "grid": {"algorithm.lam": [1.0, 10.0]}}]}
+    path.write_text(yaml.safe_dump(good))
+    assert [m["label"] for m in rp.load_study(path)["methods"]] == ["FedAvg", "Ditto"]
