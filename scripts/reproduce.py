@@ -4,7 +4,8 @@
     python scripts/reproduce.py STUDY_wide.yaml --share-runs-from STUDY.yaml ...   # reuse unchanged runs
 
 A study file names a base config, the seeds, and the methods (rows), each with fixed overrides and a
-tuning grid. The protocol, the same for every row:
+tuning grid (a product of values, plus optional ``extra_points``: explicit points appended after it).
+The protocol, the same for every row:
 
 1. Regime check first: a central reference (one model per ground-truth group, or on all data for
    label-skew partitions; ``fedmerge.experiment.regime``) per seed, against the tuned Local and FedAvg.
@@ -69,9 +70,15 @@ def load_study(path: Path) -> dict[str, Any]:
 
 
 def grid_points(method: dict[str, Any]) -> list[dict[str, Any]]:
+    """The row's tuning points: the product of its ``grid``, then its ``extra_points`` in order.
+
+    Extra points tune a knob coordinate-wise (at the learning rate a narrower grid chose) without the
+    cost of a full product; listed last, they leave the grid's points (and their run folders) where
+    they were, so a study that adds them can share the earlier study's runs."""
     grid = method.get("grid") or {}
     keys = list(grid)
-    return [dict(zip(keys, values)) for values in itertools.product(*(grid[k] for k in keys))]
+    points = [dict(zip(keys, values)) for values in itertools.product(*(grid[k] for k in keys))]
+    return points + [dict(p) for p in method.get("extra_points") or []]
 
 
 def slug(text: str) -> str:

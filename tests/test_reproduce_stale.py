@@ -120,3 +120,36 @@ def test_a_grid_point_the_config_refuses_is_named_before_anything_runs(made_run,
     good = {**bad, "methods": [bad["methods"][0], {**bad["methods"][1], "grid": {"algorithm.lam": [1.0, 10.0]}}]}
     path.write_text(yaml.safe_dump(good))
     assert [m["label"] for m in rp.load_study(path)["methods"]] == ["FedAvg", "Ditto"]
+
+
+def test_extra_points_follow_the_grid_count_in_the_budget_and_share_its_runs(made_run, tmp_path):
+    rp, study, runs, _, _ = made_run
+    row = {
+        "label": "FedAvg",
+        "grid": {"algorithm.lr": [0.05]},
+        "extra_points": [{"algorithm.lr": 0.05, "algorithm.local_epochs": 2}, {"algorithm.lr": 0.2}],
+    }
+    assert rp.grid_points(row) == [
+        {"algorithm.lr": 0.05},
+        {"algorithm.lr": 0.05, "algorithm.local_epochs": 2},
+        {"algorithm.lr": 0.2},
+    ]
+    knobs = {**study, "methods": [row]}
+    new_runs = tmp_path / "knobs"
+    assert rp.share_runs(knobs, new_runs, study, runs) == 1  # g0 is the grid's point, unchanged
+    assert rp.base_overrides(row, rp.grid_points(row)[1], 0) == [
+        "algorithm.lr=0.05",
+        "algorithm.local_epochs=2",
+        "seed=0",
+    ]
+    unequal = {
+        **study,
+        "methods": [
+            row,
+            {"label": "Local", "overrides": ["algorithm.name=local"], "grid": {"algorithm.lr": [0.05, 0.1]}},
+        ],
+    }
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(unequal))
+    with pytest.raises(SystemExit, match="unequal tuning budgets"):
+        rp.load_study(path)
