@@ -5,7 +5,7 @@ Theta update) + ``configure`` for the next round (merge the selected rows into o
 client). The floor is the time to read the step's operands once (every client delta and the
 (d, P) stack), measured with a plain reduction over the same tensors. Target: step <= 2x floor.
 
-    python benchmarks/fedmerge_server.py [--models 30] [--clients 50] [--params 5e6] [--repeats 5]
+    python benchmarks/fedmerge_server.py [--models 30] [--clients 50] [--params 5e6] [--repeats 5] [--device cuda]
 
 The step's matmuls do about 3 * 2 * s * d * P flops (45 GFLOP at the defaults), so on a CPU with
 few cores the step is compute-bound rather than bandwidth-bound; the ratio is reported as is.
@@ -41,11 +41,18 @@ def factory(params: int):
     return build
 
 
-def timed(fn, repeats: int) -> list[float]:
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn, repeats: int, device: torch.device) -> list[float]:
     times = []
     for _ in range(repeats):
+        sync(device)
         t0 = time.perf_counter()
         fn()
+        sync(device)
         times.append(time.perf_counter() - t0)
     return times
 
@@ -58,19 +65,23 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--merge-grad", default="all", choices=["all", "head", "topk"])
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--device", default="cpu", help="cpu or cuda: where the server state and the updates live")
     args = ap.parse_args()
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("error: --device cuda, but torch sees no CUDA device")
     if args.threads:
         torch.set_num_threads(args.threads)
 
     cfg = FedMergeConfig(num_models=args.models, merge_grad=args.merge_grad)
     algo = FedMerge(cfg, factory(int(args.params)), args.clients, seed=0)
-    state = algo.init_server_state()
+    state = algo.init_server_state().to(device)
     d, P = state.tensors["theta"].shape
     cids = list(range(args.clients))
     gen = torch.Generator().manual_seed(1)
     updates = {}
     for cid, payload in algo.configure(state, 1, cids).items():
-        delta = {k: torch.randn(v.shape, generator=gen) * 1e-3 for k, v in payload.tensors.items()}
+        delta = {k: (torch.randn(v.shape, generator=gen) * 1e-3).to(device) for k, v in payload.tensors.items()}
         updates[cid] = Update(delta, {"num_examples": 100 + cid})
 
     phases: dict[str, list[float]] = {"aggregate": [], "configure": []}
@@ -79,8 +90,10 @@ def main() -> None:
         nonlocal state
         t0 = time.perf_counter()
         state = algo.aggregate(state, 1, updates)
+        sync(device)
         t1 = time.perf_counter()
         algo.configure(state, 2, cids)
+        sync(device)
         phases["aggregate"].append(t1 - t0)
         phases["configure"].append(time.perf_counter() - t1)
 
@@ -92,9 +105,9 @@ def main() -> None:
 
     # Compute reference: the step's three GEMM shapes alone, on preallocated buffers.
     theta = state.tensors["theta"]
-    g = torch.empty(args.clients, P)
-    w = torch.rand(args.clients, d)
-    merged = torch.empty(args.clients, P)
+    g = torch.randn(args.clients, P, device=device)
+    w = torch.rand(args.clients, d, device=device)
+    merged = torch.empty(args.clients, P, device=device)
     theta_copy = theta.clone()
 
     def gemms() -> None:
@@ -108,12 +121,13 @@ def main() -> None:
     # interleaved, so that a change of load on a shared machine hits the three alike
     t_step, t_floor, t_gemm = [], [], []
     for _ in range(args.repeats):
-        t_step += timed(step, 1)
-        t_floor += timed(read_once, 1)
-        t_gemm += timed(gemms, 1)
+        t_step += timed(step, 1, device)
+        t_floor += timed(read_once, 1, device)
+        t_gemm += timed(gemms, 1, device)
     gbytes = sum(t.numel() * t.element_size() for t in operands) / 1e9
     best_step, best_floor = min(t_step), min(t_floor)
-    print(f"d={d} m={args.clients} P={P:,} merge_grad={args.merge_grad} threads={torch.get_num_threads()}")
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu, threads={torch.get_num_threads()}"
+    print(f"d={d} m={args.clients} P={P:,} merge_grad={args.merge_grad} device={where}")
     print(f"operands read once: {gbytes:.2f} GB in {best_floor:.3f} s ({gbytes / best_floor:.1f} GB/s)")
     print(f"server step: best {best_step:.3f} s, median {statistics.median(t_step):.3f} s")
     print("  of which (best): " + ", ".join(f"{k} {min(v):.3f} s" for k, v in phases.items()))

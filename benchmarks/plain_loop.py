@@ -28,7 +28,7 @@ def plain_loop(
     t0 = clock()
     for x, y in parts:
         for _ in range(epochs):
-            perm = torch.randperm(len(y), generator=generator)
+            perm = torch.randperm(len(y), generator=generator).to(x.device)  # once per epoch, as the engine does
             for sl in batch_slices(len(y), batch_size):
                 idx = perm[sl]
                 opt.zero_grad(set_to_none=True)

@@ -15,6 +15,12 @@ Every option takes a comma-separated list; one line is printed per case (the pro
 Models: any registered name at its defaults, or ``cnn-small`` (TwoCNN with 8/16 channels, fc 64).
 ``--clock cpu`` times this process's CPU time instead of wall time: on a machine shared with other
 jobs it removes the time the process waits for a core (meaningful with one thread only).
+
+``--device cuda`` runs all of it on the GPU (data resident there; the clock waits for the device), and
+``--vectorize`` adds the vectorised engine (``vectorize: true``: all clients of the round in one batched
+computation) as a third column against the same plain loop:
+
+    python benchmarks/sim_efficiency.py --device cuda --model cnn-small --clients 20,200 --batch-size 10,32 --vectorize
 """
 
 from __future__ import annotations
@@ -36,6 +42,18 @@ from fedmerge.models import MODELS, build_model
 
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 clock = time.perf_counter
+
+
+def synced(base: Callable[[], float]) -> Callable[[], float]:
+    """A clock that first waits for the GPU's queued work, so a reading includes it."""
+
+    def read() -> float:
+        torch.cuda.synchronize()
+        return base()
+
+    return read
+
+
 PRESETS = {"cnn-small": ("twocnn", {"channels": (8, 16), "hidden": 64})}
 
 
@@ -65,8 +83,19 @@ def model_config(spec: str):
 class Case:
     """One FedAvg round's fit phase and the plain loop over the same samples and batches."""
 
-    def __init__(self, x: torch.Tensor, y: torch.Tensor, model: str, batch: int, clients: int, samples: int) -> None:
+    def __init__(
+        self,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        model: str,
+        batch: int,
+        clients: int,
+        samples: int,
+        device: torch.device = torch.device("cpu"),
+        vectorize: bool = False,
+    ) -> None:
         model_cfg = model_config(model)
+        x, y = x.to(device), y.to(device)  # resident on the device, as the runner puts client data
         self.x, self.y, self.batch, self.clients, self.samples = x, y, batch, clients, samples
 
         def factory(gen: torch.Generator) -> torch.nn.Module:
@@ -78,9 +107,12 @@ class Case:
             for i in range(clients)
         ]
         self.algo = FedAvg(self.cfg, factory, clients, seed=0)
-        self.engine = LocalEngine(data, factory(torch_generator(0)), torch.device("cpu"), seed=0)
-        self.state = self.algo.init_server_state()
-        self.central = factory(torch_generator(0))
+        self.engine = LocalEngine(data, factory(torch_generator(0)), device, seed=0)
+        self.vectorized = (
+            LocalEngine(data, factory(torch_generator(0)), device, seed=0, vectorize=True) if vectorize else None
+        )
+        self.state = self.algo.init_server_state().to(device)
+        self.central = factory(torch_generator(0)).to(device)
 
     def federated_round(self, rnd: int, keep: bool = True) -> tuple[list[float], float]:
         """(fit seconds of each client, aggregate seconds) of one round. With ``keep=False`` each update is
@@ -121,22 +153,40 @@ class Case:
             plain.append(plain_loop(self.central, [(x0, y0)], self.batch, self.cfg.lr, 1, gen, clock=clock))
         return min(fed[1:]) - min(plain[1:])
 
-    def measure(self, repeats: int, dropped: bool = False) -> tuple[float, float, float, float]:
-        """(fit, fit + aggregate, plain loop, fit with updates dropped) seconds of a round: for each client
-        (and the aggregation) the fastest of the repeats, which are interleaved so that noise hits all alike.
-        On a busy machine the fastest time is the least disturbed one; whole rounds would be dominated by
-        the noise. The last figure is measured only with ``dropped`` (else nan)."""
+    def vectorized_fit(self, rnd: int) -> float:
+        """Seconds of the vectorised engine's fit of all clients of a round, in one call."""
+        payloads = self.algo.configure(self.state, rnd, list(range(self.clients)))
+        t0 = clock()
+        self.vectorized.fit(self.algo, rnd, payloads)
+        return clock() - t0
+
+    def measure(self, repeats: int, dropped: bool = False) -> tuple[float, float, float, float, float]:
+        """(fit, fit + aggregate, plain loop, fit with updates dropped, vectorised fit) seconds of a round:
+        for each client (and the aggregation) the fastest of the repeats, which are interleaved so that noise
+        hits all alike. On a busy machine the fastest time is the least disturbed one; whole rounds would be
+        dominated by the noise. The last two are measured only with ``dropped`` and ``vectorize`` (else nan)."""
         self.federated_round(0)  # warm-up: allocator, first optimizer construction
         self.centralized_epoch(0)
+        if self.vectorized is not None:
+            self.vectorized_fit(0)
         inf = [float("inf")] * self.clients
-        fit, agg, plain, drop = list(inf), float("inf"), list(inf), list(inf)
+        fit, agg, plain, drop, vec = list(inf), float("inf"), list(inf), list(inf), float("inf")
         for r in range(1, repeats + 1):
             f, a = self.federated_round(r)
             fit, agg = [min(u, v) for u, v in zip(fit, f)], min(agg, a)
             if dropped:
                 drop = [min(u, v) for u, v in zip(drop, self.federated_round(r, keep=False)[0])]
             plain = [min(u, v) for u, v in zip(plain, self.centralized_epoch(r))]
-        return sum(fit), sum(fit) + agg, sum(plain), sum(drop) if dropped else float("nan")
+            if self.vectorized is not None:
+                vec = min(vec, self.vectorized_fit(r))
+        nan = float("nan")
+        return (
+            sum(fit),
+            sum(fit) + agg,
+            sum(plain),
+            sum(drop) if dropped else nan,
+            vec if self.vectorized is not None else nan,
+        )
 
 
 def csv(kind: type) -> Callable[[str], list]:
@@ -152,6 +202,8 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=200, help="training samples per client")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--clock", choices=sorted(CLOCKS), default="wall")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (the clock then waits for the device)")
+    ap.add_argument("--vectorize", action="store_true", help="also time the vectorised engine (vectorize: true)")
     ap.add_argument("--profile", action="store_true", help="print a pyinstrument profile of one round per case")
     ap.add_argument(
         "--dropped",
@@ -160,23 +212,30 @@ def main() -> None:
     )
     args = ap.parse_args()
     global clock
-    clock = CLOCKS[args.clock]
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("error: --device cuda, but torch sees no CUDA device")
+    clock = synced(CLOCKS[args.clock]) if device.type == "cuda" else CLOCKS[args.clock]
 
     x, y, source = load_samples(max(args.clients) * args.samples)
     print(
         f"data={source}, {args.samples} samples per client, FedAvg 1 local epoch, best of {args.repeats}, "
-        f"{args.clock} clock"
+        f"{args.clock} clock, device {device}"
+        + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else "")
     )
     for model, batch, clients, threads in itertools.product(args.model, args.batch_size, args.clients, args.threads):
         torch.set_num_threads(threads)
-        case = Case(x, y, model, batch, clients, args.samples)
-        fit, rnd, plain, dropped = case.measure(args.repeats, args.dropped)
+        case = Case(x, y, model, batch, clients, args.samples, device, args.vectorize)
+        fit, rnd, plain, dropped, vec = case.measure(args.repeats, args.dropped)
         overhead = case.client_overhead(20 * args.repeats)
         n = clients * args.samples
         kept = f"; keeping the updates costs {(fit - dropped) / plain:.1%} of it" if args.dropped else ""
+        if args.vectorize:
+            kept += f"; vectorised fit/plain {plain / vec:.3f} ({n / vec:,.0f} samples/s)"
         print(
             f"model={model:<9} batch={batch:<3} clients={clients:<4} threads={threads}: "
-            f"fit/plain {plain / fit:.3f}  round/plain {plain / rnd:.3f}  (plain {n / plain:,.0f} samples/s); "
+            f"fit/plain {plain / fit:.3f}  round/plain {plain / rnd:.3f}  (plain {n / plain:,.0f} samples/s, "
+            f"fit {n / fit:,.0f}); "
             f"per client {overhead * 1e6:.0f} us besides training = {overhead * clients / plain:.1%} of it{kept}",
             flush=True,
         )

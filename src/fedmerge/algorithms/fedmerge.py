@@ -282,7 +282,7 @@ class FedMerge(Algorithm):
         cids = sorted(updates)
         theta, logits = state.tensors["theta"], state.tensors["logits"]
         w = merging.merge_weights(logits[cids])
-        n = torch.tensor([float(updates[c].num_examples) for c in cids], dtype=torch.float64)
+        n = torch.tensor([float(updates[c].num_examples) for c in cids], dtype=torch.float64, device=logits.device)
         p = n / n.sum()
 
         deltas = self._stack_deltas([updates[c].tensors for c in cids], theta)
