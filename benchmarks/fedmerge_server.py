@@ -66,6 +66,7 @@ def main() -> None:
     ap.add_argument("--merge-grad", default="all", choices=["all", "head", "topk"])
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--device", default="cpu", help="cpu or cuda: where the server state and the updates live")
+    ap.add_argument("--profile", action="store_true", help="print the operators of one step (torch.profiler)")
     args = ap.parse_args()
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -103,6 +104,13 @@ def main() -> None:
         for t in operands:
             t.sum()
 
+    # The same bytes in one tensor, read by one reduction: the memory system's rate without one launch
+    # (on a GPU, several microseconds) per operand; the floor at that rate is bytes / rate.
+    one = torch.rand(sum(t.numel() for t in operands), device=device)
+
+    def read_one() -> None:
+        one.sum()
+
     # Compute reference: the step's three GEMM shapes alone, on preallocated buffers.
     theta = state.tensors["theta"]
     g = torch.randn(args.clients, P, device=device)
@@ -117,27 +125,39 @@ def main() -> None:
 
     step()  # warm-up: allocates the reused buffers
     read_once()
+    read_one()
     gemms()
-    # interleaved, so that a change of load on a shared machine hits the three alike
-    t_step, t_floor, t_gemm = [], [], []
+    # interleaved, so that a change of load on a shared machine hits them alike
+    t_step, t_floor, t_one, t_gemm = [], [], [], []
     for _ in range(args.repeats):
         t_step += timed(step, 1, device)
         t_floor += timed(read_once, 1, device)
+        t_one += timed(read_one, 1, device)
         t_gemm += timed(gemms, 1, device)
     gbytes = sum(t.numel() * t.element_size() for t in operands) / 1e9
     best_step, best_floor = min(t_step), min(t_floor)
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu, threads={torch.get_num_threads()}"
     print(f"d={d} m={args.clients} P={P:,} merge_grad={args.merge_grad} device={where}")
-    print(f"operands read once: {gbytes:.2f} GB in {best_floor:.3f} s ({gbytes / best_floor:.1f} GB/s)")
+    print(f"operands read once: {gbytes:.2f} GB in {best_floor:.4f} s ({gbytes / best_floor:.1f} GB/s)")
+    print(f"  the same bytes as one tensor: {min(t_one):.4f} s ({gbytes / min(t_one):.1f} GB/s)")
     print(f"server step: best {best_step:.3f} s, median {statistics.median(t_step):.3f} s")
     print("  of which (best): " + ", ".join(f"{k} {min(v):.3f} s" for k, v in phases.items()))
     gflop = 2 * args.clients * d * P * (3 if args.merge_grad != "head" else 2) / 1e9
     print(f"  matmul work {gflop:.0f} GFLOP = {gflop / best_step:.0f} GFLOP/s over the step")
     print(f"the three GEMMs alone: {min(t_gemm):.3f} s = {min(t_gemm) / best_floor:.2f}x the read floor")
     print(
-        f"ratio step / floor: {best_step / best_floor:.2f}x (target <= 2x); step / GEMMs alone: "
-        f"{best_step / min(t_gemm):.2f}x"
+        f"ratio step / floor: {best_step / best_floor:.2f}x (target <= 2x); step / one-tensor floor: "
+        f"{best_step / min(t_one):.2f}x; step / GEMMs alone: {best_step / min(t_gemm):.2f}x"
     )
+    if args.profile:
+        from torch.profiler import ProfilerActivity, profile
+
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+        with profile(activities=acts) as prof:
+            step()
+            sync(device)
+        key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+        print(prof.key_averages().table(sort_by=key, row_limit=18, max_name_column_width=40))
 
 
 if __name__ == "__main__":

@@ -34,7 +34,13 @@ class PathIntegralImportance:
         params = dict(model.named_parameters())
         self.a = [params[a] for _, a, _ in layers]
         self.b = [params[b] for _, _, b in layers]
-        self.sums = torch.zeros((2, len(layers)), dtype=torch.float64) if start is None else start.double().clone()
+        # on the model's device: no host sync per parameter per step on a GPU
+        device = next(model.parameters()).device
+        self.sums = (
+            torch.zeros((2, len(layers)), dtype=torch.float64, device=device)
+            if start is None
+            else start.to(device, torch.float64).clone()
+        )
         self._before: list[Tensor] = []
 
     def before_step(self, step: Step) -> None:
@@ -46,6 +52,6 @@ class PathIntegralImportance:
         for j, (p, old) in enumerate(zip((*self.a, *self.b), self._before)):
             if p.grad is None:
                 continue
-            contribution = (p.grad * (old - p)).sum().abs().double().cpu()
+            contribution = (p.grad * (old - p)).sum().abs().double()
             self.sums[j // n, j % n] += contribution
         self._before = []

@@ -186,8 +186,12 @@ def update_problem(update: Update, expected: Signature | None) -> str | None:
     if not isinstance(n, int) or isinstance(n, bool) or n < 0:
         return f"num_examples is {n!r}, not a count"
     floats = {k: v for k, v in update.tensors.items() if v.is_floating_point() or v.is_complex()}
-    # one device sync per update when all is well; counting happens only for a bad one
-    if floats and not bool(torch.stack([torch.isfinite(v).all() for v in floats.values()]).all()):
+    # one device sync per update (per device its tensors are on) when all is well; counting happens
+    # only for a bad one
+    checks: dict[torch.device, list[torch.Tensor]] = {}
+    for v in floats.values():
+        checks.setdefault(v.device, []).append(torch.isfinite(v).all())
+    if not all(bool(torch.stack(flags).all()) for flags in checks.values()):
         key, value = next((k, v) for k, v in floats.items() if not bool(torch.isfinite(v).all()))
         bad = int(value.numel() - torch.isfinite(value).sum())
         return f"{bad} non-finite value(s) in {key!r} (local training diverged?)"
