@@ -241,6 +241,25 @@ def test_layout_round_trips_batchnorm_model():
     assert layout.num_params == sum(p.numel() for p in model.parameters())
 
 
+def test_flatten_rows_writes_what_flatten_into_writes_row_by_row():
+    from fedmerge.models.resnet import ResNet9Config
+
+    model = build_model(ResNet9Config(), (1, 28, 28), 10, generator=torch.Generator().manual_seed(0))
+    layout = FlatLayout.of(model)
+    gen = torch.Generator().manual_seed(1)
+    states = [{k: torch.randn(v.shape, generator=gen) for k, v in model.state_dict().items()} for _ in range(3)]
+    want = torch.full((3, layout.num_floats), float("nan"))
+    for state, row in zip(states, want):
+        layout.flatten_into(state, row)
+    got = torch.full_like(want, float("nan"))  # one concatenation: must write every entry
+    layout.flatten_rows(states, got)
+    assert torch.equal(got, want)
+    doubles = [{k: v.double() for k, v in state.items()} for state in states]  # another dtype: row copies
+    got.fill_(float("nan"))
+    layout.flatten_rows(doubles, got)
+    assert torch.equal(got, want)
+
+
 def test_summary_json_is_serialisable(tmp_path):
     res = run(quick_config("algorithm.name=fedmerge", "rounds=2", "algorithm.gap_samples=64"), tmp_path / "s")
     assert json.loads((res.run_dir / "summary.json").read_text())["local_gap"]["mean"] > 0
