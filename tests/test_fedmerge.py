@@ -251,12 +251,13 @@ def test_flatten_rows_writes_what_flatten_into_writes_row_by_row():
     want = torch.full((3, layout.num_floats), float("nan"))
     for state, row in zip(states, want):
         layout.flatten_into(state, row)
-    got = torch.full_like(want, float("nan"))  # one concatenation: must write every entry
-    layout.flatten_rows(states, got)
-    assert torch.equal(got, want)
+    for concatenate in (True, False, None):  # one concatenation (accelerators), row copies (CPU), auto
+        got = torch.full_like(want, float("nan"))  # every entry must be written
+        layout.flatten_rows(states, got, concatenate)
+        assert torch.equal(got, want)
     doubles = [{k: v.double() for k, v in state.items()} for state in states]  # another dtype: row copies
     got.fill_(float("nan"))
-    layout.flatten_rows(doubles, got)
+    layout.flatten_rows(doubles, got, concatenate=True)
     assert torch.equal(got, want)
 
 
