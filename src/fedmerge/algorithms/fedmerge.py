@@ -211,8 +211,8 @@ class FlatLayout:
         """``flatten_into`` for each state, row by row of the contiguous ``out``. On an accelerator it is
         one concatenation into ``out`` instead of one copy per tensor: hundreds of small launches are
         issued by the host more slowly than the device runs them (an H100 profile of the server step). On
-        CPU the row copies are kept (8-11% faster there: 50 deltas of 5M floats, 1 thread). The same bytes land in the same
-        places either way; ``concatenate`` forces the choice (tests)."""
+        CPU the row copies are kept (8-11% faster there: 50 deltas of 5M floats, 1 thread). The same
+        bytes land in the same places either way; ``concatenate`` forces the choice (tests)."""
         if concatenate is None:
             concatenate = out.device.type != "cpu"
         if concatenate:
