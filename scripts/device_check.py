@@ -38,9 +38,6 @@ def run_one(name: str, overrides: list[str], folder: Path) -> tuple[str, float |
     t0 = time.perf_counter()
     try:
         cfg = load_config(None, [f"algorithm.name={name}", *overrides])
-    except ConfigError as exc:
-        return "skipped: " + str(exc).strip().splitlines()[0], None, 0.0
-    try:
         result = run_experiment(cfg, folder, show_progress=False)
     except ConfigError as exc:  # refused before training (a method that needs another model)
         return "skipped: " + str(exc).strip().splitlines()[0], None, 0.0

@@ -133,9 +133,8 @@ class LIVAR(StatisticsAlgorithm):
         n = torch.tensor([updates[c].num_examples for c in cids], dtype=torch.float64)
         meta = dict(state.meta)
         if self.layers and self.config.layer_weighting == "shap":
-            imp = torch.stack(
-                [s["importance"].double().cpu() for s in stats]
-            )  # (clients, 2, layers), on CPU with the table
+            # (clients, 2, layers), on CPU where the SHAP table is
+            imp = torch.stack([s["importance"].double().cpu() for s in stats])
             alpha = layer_coefficients(self.table, imp[:, 0], imp[:, 1], n)
             for j, (_, a, b) in enumerate(self.layers):
                 coef = alpha[:, j].tolist()
