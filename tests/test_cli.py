@@ -22,6 +22,13 @@ def test_list_shows_every_registered_component():
     assert "FedProx" in result.output
 
 
+@pytest.mark.parametrize(("args", "suggestion"), [(["runz"], "'run'"), (["livar", "calibrat"], "'calibrate'")])
+def test_a_mistyped_command_is_suggested_once(args, suggestion):
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2
+    assert result.output.count("Did you mean") == 1 and suggestion in result.output
+
+
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
 def test_shipped_configs_validate(path):
     cfg = load_config(path)

@@ -2,17 +2,28 @@
 
 from __future__ import annotations
 
+import inspect
 import sys
 from pathlib import Path
 from typing import Any
 
+import click
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+
+def _typer(**options: Any) -> typer.Typer:
+    """A ``typer.Typer`` that suggests a close command name once: click 8.4+ does it itself, and typer's
+    own suggestion would repeat it ("Did you mean 'run'? Did you mean 'run'?")."""
+    if hasattr(click.exceptions, "NoSuchCommand") and "suggest_commands" in inspect.signature(typer.Typer).parameters:
+        options["suggest_commands"] = False
+    return typer.Typer(**options)
+
+
 # show_locals=False: a bug's traceback must not dump tensors (thousands of lines) into the terminal
-app = typer.Typer(
+app = _typer(
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_show_locals=False,
@@ -440,7 +451,7 @@ def export_clients_cmd(
     )
 
 
-plot_app = typer.Typer(no_args_is_help=True, help="Plots drawn from run folders.")
+plot_app = _typer(no_args_is_help=True, help="Plots drawn from run folders.")
 app.add_typer(plot_app, name="plot")
 
 
@@ -494,7 +505,7 @@ def plot_budget_cmd(
     out.print(f"plot saved to {path}", soft_wrap=True, highlight=False)
 
 
-livar_app = typer.Typer(no_args_is_help=True, help="LIVAR tools.")
+livar_app = _typer(no_args_is_help=True, help="LIVAR tools.")
 app.add_typer(livar_app, name="livar")
 
 
