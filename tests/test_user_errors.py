@@ -37,6 +37,8 @@ def bad_invocations(tmp: Path, run_dir: Path) -> list[list[str]]:
     (tmp / "file.txt").write_text("not yaml: [")
     (tmp / "binary.yaml").write_bytes(b"\xff\xfe\x00\x01")
     (tmp / "not.npz").write_bytes(b"PK")
+    with open(tmp / "npy.npz", "wb") as f:  # a .npy under a .npz name: np.load returns an array, not an archive
+        np.save(f, np.zeros(3))
     (tmp / "no_header.csv").write_text("1,2,0\n3,4,1\n")
     return [
         ["run", str(run_dir)],
@@ -54,6 +56,7 @@ def bad_invocations(tmp: Path, run_dir: Path) -> list[list[str]]:
         ["run", "--device", "tpu"],
         ["run", f"dataset.path={tmp / 'missing.npz'}"],
         ["run", f"dataset.path={tmp / 'not.npz'}", "--no-progress"],
+        ["run", f"dataset.path={tmp / 'npy.npz'}", "--no-progress"],
         ["run", f"dataset.path={tmp / 'no_header.csv'}", "dataset.label_column=0", "--no-progress"],
         ["run", "model.name=lstm", "rounds=1", f"output_dir={tmp / 'o'}", "--no-progress"],
         ["list", "nothing"],

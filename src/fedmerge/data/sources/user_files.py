@@ -47,6 +47,8 @@ class NpzConfig(TabularOptions):
 @DATASETS.register("npz", config=NpzConfig, description="your .npz with x, y (and client_id for natural clients)")
 def load_npz(cfg: NpzConfig) -> Pool:
     path = require_file(cfg.path, "npz file")
+    if not zipfile.is_zipfile(path):  # else np.load reads a .npy as one array, and anything else as a pickle
+        raise ValueError(f"{path}: not a .npz archive (numpy.savez writes one: np.savez(path, x=x, y=y))")
     try:
         with np.load(path, allow_pickle=False) as f:
             missing = {"x", "y"} - set(f.files)
