@@ -40,6 +40,8 @@ def bad_invocations(tmp: Path, run_dir: Path) -> list[list[str]]:
     with open(tmp / "npy.npz", "wb") as f:  # a .npy under a .npz name: np.load returns an array, not an archive
         np.save(f, np.zeros(3))
     (tmp / "no_header.csv").write_text("1,2,0\n3,4,1\n")
+    (tmp / "latin1.csv").write_bytes("a,b,label\n1,2,caf\xe9\n".encode("latin-1"))
+    (tmp / "latin1_late.csv").write_bytes(b"a,b,label\n" + b"1,2,0\n" * 5000 + b"1,2,caf\xe9\n")  # past one read
     return [
         ["run", str(run_dir)],
         ["run", str(tmp / "empty")],
@@ -58,6 +60,8 @@ def bad_invocations(tmp: Path, run_dir: Path) -> list[list[str]]:
         ["run", f"dataset.path={tmp / 'not.npz'}", "--no-progress"],
         ["run", f"dataset.path={tmp / 'npy.npz'}", "--no-progress"],
         ["run", f"dataset.path={tmp / 'no_header.csv'}", "dataset.label_column=0", "--no-progress"],
+        ["run", f"dataset.path={tmp / 'latin1.csv'}", "--no-progress"],
+        ["run", f"dataset.path={tmp / 'latin1_late.csv'}", "--no-progress"],
         ["run", "model.name=lstm", "rounds=1", f"output_dir={tmp / 'o'}", "--no-progress"],
         ["list", "nothing"],
         ["list", "algorithm", "nothing"],

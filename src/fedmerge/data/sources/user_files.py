@@ -126,8 +126,11 @@ def _is_number(text: str) -> bool:
 def csv_columns(path: Path, cfg: CsvConfig) -> list[str]:
     """Column names from the first row (or col0..colK when ``header`` is false), refusing duplicate
     names and a first row that looks like data."""
-    with open(path, newline="") as f:
-        first = next(csv.reader(f, delimiter=cfg.delimiter), None)
+    try:
+        with open(path, newline="", encoding="utf-8") as f:  # pandas reads the rest as UTF-8 too
+            first = next(csv.reader(f, delimiter=cfg.delimiter), None)
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not UTF-8 text (byte {exc.start} is not UTF-8); save the CSV as UTF-8") from None
     if not first:
         raise ValueError(f"{path}: empty file")
     if cfg.header is False:
@@ -187,6 +190,8 @@ def load_csv(cfg: CsvConfig) -> Pool:
             dtype=text_columns, keep_default_na=False, na_values=["", "NA", "NaN", "nan", "null"],
             skipinitialspace=True, engine="c", low_memory=False,
         )  # fmt: skip
+    except UnicodeDecodeError:  # past the first kilobytes, which csv_columns checked
+        raise ValueError(f"{path}: not UTF-8 text; save the CSV as UTF-8") from None
     except (pd.errors.ParserError, ValueError) as exc:
         raise ValueError(f"{path}: cannot parse it as CSV ({str(exc).strip().splitlines()[-1]})") from None
     if table.empty:
