@@ -11,6 +11,7 @@ Every option takes a comma-separated list; one line is printed per case (the pro
     python benchmarks/sim_efficiency.py --model mlp,twocnn --batch-size 10,32 --clients 20,200 --threads 1,2
     python benchmarks/sim_efficiency.py --model cnn-small --profile   # where a round's time goes
     python benchmarks/sim_efficiency.py --model mlp --clients 200 --dropped  # what keeping the updates costs
+    python benchmarks/sim_efficiency.py --model mlp --loop  # the training loop alone against the plain loop
 
 Models: any registered name at its defaults, or ``cnn-small`` (TwoCNN with 8/16 channels, fc 64).
 ``--clock cpu`` times this process's CPU time instead of wall time: on a machine shared with other
@@ -37,6 +38,7 @@ from torch.nn import functional as F
 
 from fedmerge.algorithms.fedavg import FedAvg, FedAvgConfig
 from fedmerge.core.seeding import torch_generator
+from fedmerge.core.training import local_sgd
 from fedmerge.engines.local import LocalEngine
 from fedmerge.models import MODELS, build_model
 
@@ -153,6 +155,21 @@ class Case:
             plain.append(plain_loop(self.central, [(x0, y0)], self.batch, self.cfg.lr, 1, gen, clock=clock))
         return min(fed[1:]) - min(plain[1:])
 
+    def loop_ratio(self, repeats: int) -> float:
+        """Plain-loop seconds over ``local_sgd``'s, both training one model on all clients' samples in one
+        call (same batches, no engine, no per-client work): what the training loop itself adds per step."""
+        n = self.clients * self.samples
+        x, y = self.x[:n], self.y[:n]
+        model = self.engine.model
+        fed, plain = [], []
+        for r in range(repeats + 1):  # interleaved, so that load changes hit both alike; the first is warm-up
+            t0 = clock()
+            local_sgd(model, x, y, self.cfg, torch_generator(r))
+            fed.append(clock() - t0)
+            gen = torch_generator(r)
+            plain.append(plain_loop(self.central, [(x, y)], self.batch, self.cfg.lr, 1, gen, clock=clock))
+        return min(plain[1:]) / min(fed[1:])
+
     def vectorized_fit(self, rnd: int) -> float:
         """Seconds of the vectorised engine's fit of all clients of a round, in one call."""
         payloads = self.algo.configure(self.state, rnd, list(range(self.clients)))
@@ -206,6 +223,12 @@ def main() -> None:
     ap.add_argument("--vectorize", action="store_true", help="also time the vectorised engine (vectorize: true)")
     ap.add_argument("--profile", action="store_true", help="print a pyinstrument profile of one round per case")
     ap.add_argument(
+        "--loop",
+        action="store_true",
+        help="also time local_sgd alone against the plain loop on all clients' samples in one call (no engine, "
+        "no per-client work): what the training loop adds per step",
+    )
+    ap.add_argument(
         "--dropped",
         action="store_true",
         help="also time the fit with each update dropped at once (memory reused): the cost of keeping updates",
@@ -230,6 +253,8 @@ def main() -> None:
         overhead = case.client_overhead(20 * args.repeats)
         n = clients * args.samples
         kept = f"; keeping the updates costs {(fit - dropped) / plain:.1%} of it" if args.dropped else ""
+        if args.loop:
+            kept += f"; local_sgd alone/plain {case.loop_ratio(args.repeats):.3f}"
         if args.vectorize:
             kept += f"; vectorised fit/plain {plain / vec:.3f} ({n / vec:,.0f} samples/s)"
         print(
