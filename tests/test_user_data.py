@@ -150,6 +150,27 @@ def test_csv_reads_quoted_labels_and_other_delimiters(tmp_path):
     assert pool.class_names == ["big, red", "small"] and pool.x.tolist() == [[1.5, 2.0], [3.0, -400.0]]
 
 
+def test_csv_with_a_byte_order_mark_reads_its_first_column(tmp_path):
+    """Excel's "CSV UTF-8" starts with a byte-order mark; it is not part of the first name or value."""
+    path = tmp_path / "bom.csv"
+    path.write_bytes("\ufefflabel,a,b\nx,1,2\ny,3,4\n".encode())
+    pool = load_pool({"name": "csv", "path": str(path), "label_column": "label"})
+    assert pool.class_names == ["x", "y"] and pool.x.tolist() == [[1, 2], [3, 4]]
+    path.write_bytes("\ufeff7,1,2\n8,3,4\n".encode())
+    pool = load_pool({"name": "csv", "path": str(path), "header": False, "label_column": 0})
+    assert pool.class_names == ["7", "8"] and pool.x.tolist() == [[1, 2], [3, 4]]
+
+
+def test_csv_that_is_not_utf8_is_refused_naming_the_file(tmp_path):
+    path = tmp_path / "latin1.csv"
+    path.write_bytes("a,b,label\n1,2,caf\xe9\n".encode("latin-1"))
+    with pytest.raises(ValueError, match=r"latin1.csv: not UTF-8 text \(byte 17 is not UTF-8\); save the CSV as UTF-8"):
+        load_pool({"name": "csv", "path": str(path)})
+    path.write_bytes(b"a,b,label\n" + b"1,2,0\n" * 5000 + b"1,2,caf\xe9\n")  # past csv's first read
+    with pytest.raises(ValueError, match=r"latin1.csv: not UTF-8 text; save the CSV as UTF-8"):
+        load_pool({"name": "csv", "path": str(path)})
+
+
 # --- standardization ------------------------------------------------------------------------------
 
 

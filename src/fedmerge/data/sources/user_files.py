@@ -127,7 +127,8 @@ def csv_columns(path: Path, cfg: CsvConfig) -> list[str]:
     """Column names from the first row (or col0..colK when ``header`` is false), refusing duplicate
     names and a first row that looks like data."""
     try:
-        with open(path, newline="", encoding="utf-8") as f:  # pandas reads the rest as UTF-8 too
+        # utf-8-sig: a byte-order mark (Excel's "CSV UTF-8") is not part of the first column's name
+        with open(path, newline="", encoding="utf-8-sig") as f:
             first = next(csv.reader(f, delimiter=cfg.delimiter), None)
     except UnicodeDecodeError as exc:
         raise ValueError(f"{path}: not UTF-8 text (byte {exc.start} is not UTF-8); save the CSV as UTF-8") from None
@@ -188,7 +189,7 @@ def load_csv(cfg: CsvConfig) -> Pool:
         table = pd.read_csv(
             path, sep=cfg.delimiter, header=None, skiprows=0 if cfg.header is False else 1, names=range(len(names)),
             dtype=text_columns, keep_default_na=False, na_values=["", "NA", "NaN", "nan", "null"],
-            skipinitialspace=True, engine="c", low_memory=False,
+            skipinitialspace=True, engine="c", low_memory=False, encoding="utf-8-sig",
         )  # fmt: skip
     except UnicodeDecodeError:  # past the first kilobytes, which csv_columns checked
         raise ValueError(f"{path}: not UTF-8 text; save the CSV as UTF-8") from None
