@@ -171,6 +171,14 @@ def test_csv_that_is_not_utf8_is_refused_naming_the_file(tmp_path):
         load_pool({"name": "csv", "path": str(path)})
 
 
+def test_a_file_with_another_delimiter_is_named_and_a_shell_tab_is_accepted(tmp_path):
+    path = write_csv(tmp_path / "t.csv", ["a\tb\tlabel", "1\t2\tx", "3\t4\ty"])
+    with pytest.raises(ValueError, match=r"if the columns are separated by '\\t', set dataset.delimiter='\\t'"):
+        load_pool({"name": "csv", "path": str(path)})
+    pool = load_pool({"name": "csv", "path": str(path), "delimiter": "\\t"})  # as a shell passes '\t'
+    assert pool.class_names == ["x", "y"] and pool.x.tolist() == [[1, 2], [3, 4]]
+
+
 # --- standardization ------------------------------------------------------------------------------
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from fedmerge.data.errors import DataUnavailable
 from fedmerge.data.pool import DATASETS, DatasetConfig, Pool, encode_labels, require_finite, to_float32
@@ -99,7 +99,12 @@ class CsvConfig(TabularOptions):
     client_column: str | int | None = Field(
         None, description="column of client ids (name or index), for natural partitions"
     )
-    delimiter: str = Field(",", min_length=1, max_length=1)
+    delimiter: str = Field(",", min_length=1, max_length=1, description="one character; '\\t' for tab-separated")
+
+    @field_validator("delimiter", mode="before")
+    @classmethod
+    def _escaped_tab(cls, value: object) -> object:
+        return "\t" if value == "\\t" else value  # dataset.delimiter='\t' from a shell arrives as backslash, t
 
 
 def sorted_codes(values: list[str]) -> tuple[np.ndarray, list[str]]:
@@ -163,7 +168,9 @@ def _column_name(names: list[str], column: str | int, path: Path, role: str) -> 
         return names[column]
     if column not in names:
         shown = names if len(names) <= 12 else [*names[:10], "...", names[-1]]
-        raise ValueError(f"{path}: no column {column!r} (dataset.{role}_column); have {shown}")
+        other = [d for d in (";", "\t", "|", ",") if len(names) == 1 and d in names[0]]
+        hint = f"; if the columns are separated by {other[0]!r}, set dataset.delimiter={other[0]!r}" if other else ""
+        raise ValueError(f"{path}: no column {column!r} (dataset.{role}_column); have {shown}{hint}")
     return column
 
 
