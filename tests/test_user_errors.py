@@ -99,6 +99,14 @@ def test_no_subcommand_shows_a_traceback_for_bad_arguments(tmp_path, finished_ru
         assert result.exit_code != 0, (args, result.output)
 
 
+@pytest.mark.parametrize(
+    ("args", "what"), [(["run", "--tuned"], "tune file"), (["tune", "--space"], "search-space file")]
+)
+def test_a_missing_side_file_is_named_by_its_kind(tmp_path, args, what):
+    result = CliRunner().invoke(app, [*args, str(tmp_path / "missing.yaml")])
+    assert result.exit_code != 0 and f"{what} {tmp_path / 'missing.yaml'} does not exist" in result.output
+
+
 def test_a_real_process_given_a_run_folder_suggests_resume(finished_run):
     proc = subprocess.run(
         [sys.executable, "-m", "fedmerge.cli", "run", str(finished_run)], capture_output=True, text=True, timeout=120

@@ -229,9 +229,9 @@ def _data_dir_key(section: dict[str, Any]) -> list[str]:
     raise ConfigError(f"dataset.data_dir: dataset {name!r} reads no files (it ships inside its Python package)")
 
 
-def read_yaml(path: Path) -> dict[str, Any]:
+def read_yaml(path: Path, what: str = "config file") -> dict[str, Any]:
     if not path.exists():
-        raise ConfigError(f"config file {path} does not exist")
+        raise ConfigError(f"{what} {path} does not exist")
     if path.is_dir():
         if (path / CONFIG_FILE).is_file():  # a run folder: the user most likely meant to continue it
             raise ConfigError(f"{path} is a run folder, not a config; to continue it: fedmerge run --resume {path}")

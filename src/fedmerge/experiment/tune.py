@@ -92,7 +92,7 @@ def _bounds(metadata: list[Any]) -> tuple[float | None, float | None, bool, bool
 
 def load_space_file(path: str | Path) -> dict[str, dict[str, Param | None]]:
     """``METHOD or '*': {key: {low, high, log, type: int} | null}``; null removes a default key."""
-    data = read_yaml(Path(path))
+    data = read_yaml(Path(path), "search-space file")
     out: dict[str, dict[str, Param | None]] = {}
     for method, params in data.items():
         if not isinstance(params, dict):

@@ -21,7 +21,7 @@ from .config import ConfigError, load_config, read_yaml
 
 
 def load_tuned(path: str | Path) -> dict[str, Any]:
-    data = read_yaml(Path(path))
+    data = read_yaml(Path(path), "tune file")
     methods = data.get("methods")
     if not isinstance(methods, dict) or not all(
         isinstance(m, dict) and isinstance(m.get("overrides"), list) for m in methods.values()
