@@ -63,6 +63,8 @@ def bad_invocations(tmp: Path, run_dir: Path) -> list[list[str]]:
         ["run", f"dataset.path={tmp / 'latin1.csv'}", "--no-progress"],
         ["run", f"dataset.path={tmp / 'latin1_late.csv'}", "--no-progress"],
         ["run", "model.name=lstm", "rounds=1", f"output_dir={tmp / 'o'}", "--no-progress"],
+        ["run", "dataset.name=wordnet_topics", "model.name=minilm_lora", f"model.path={tmp / 'missing'}"],
+        ["run", "dataset.name=wordnet_topics", "model.name=minilm_lora", f"model.path={tmp / 'empty'}"],
         ["list", "nothing"],
         ["list", "algorithm", "nothing"],
         ["show", "nothing"],
@@ -105,6 +107,12 @@ def test_no_subcommand_shows_a_traceback_for_bad_arguments(tmp_path, finished_ru
 def test_a_missing_side_file_is_named_by_its_kind(tmp_path, args, what):
     result = CliRunner().invoke(app, [*args, str(tmp_path / "missing.yaml")])
     assert result.exit_code != 0 and f"{what} {tmp_path / 'missing.yaml'} does not exist" in result.output
+
+
+def test_a_model_path_that_is_no_model_folder_is_refused_before_loading(tmp_path):
+    for path, what in [(tmp_path / "missing", "no such folder"), (tmp_path, "a folder without config.json")]:
+        result = CliRunner().invoke(app, ["run", "model.name=minilm_lora", f"model.path={path}"])
+        assert result.exit_code != 0 and f"model.path: {what}; give a local Hugging Face model folder" in result.output
 
 
 def test_a_real_process_given_a_run_folder_suggests_resume(finished_run):

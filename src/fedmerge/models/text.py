@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
-from pydantic import Field
+from pydantic import Field, field_validator
 from torch import Tensor, nn
 
 from fedmerge.core.registry import ComponentConfig
@@ -221,6 +221,14 @@ class MiniLMLoRAConfig(ComponentConfig):
     target_modules: tuple[str, ...] = Field(("query", "value"), min_length=1, description="module names to adapt")
     layers: tuple[int, ...] | None = Field(None, description="adapt only these encoder layers (default: all)")
     pooling: Literal["mean", "cls"] = Field("mean", description="sentence embedding: masked mean or [CLS] token")
+
+    @field_validator("path")
+    @classmethod
+    def _a_model_folder(cls, path: str | None) -> str | None:
+        if path is not None and not os.path.isfile(os.path.join(os.path.expanduser(path), "config.json")):
+            what = "a folder without config.json" if os.path.isdir(os.path.expanduser(path)) else "no such folder"
+            raise ValueError(f"{what}; give a local Hugging Face model folder (config.json and weights)")
+        return path
 
 
 def spec_of(cfg: MiniLMLoRAConfig) -> LoRASpec:
