@@ -64,6 +64,10 @@ def bad_invocations(tmp: Path, run_dir: Path) -> list[list[str]]:
         ["run", f"dataset.path={tmp / 'latin1_late.csv'}", "--no-progress"],
         ["run", "model.name=lstm", "rounds=1", f"output_dir={tmp / 'o'}", "--no-progress"],
         ["run", "dataset.name=wordnet_topics", "model.name=minilm_lora", f"model.path={tmp / 'missing'}"],
+        ["run", f"output_dir={tmp / 'file.txt' / 'o'}", "rounds=1"],  # a file in the way
+        ["sweep", f"output_dir={tmp / 'file.txt' / 'o'}", "rounds=1", "--no-progress"],
+        ["tune", "--out", str(tmp / "file.txt" / "t"), "rounds=1"],
+        ["run", "dataset.name=wordnet_features", f"dataset.cache_dir={tmp / 'file.txt' / 'c'}", "rounds=1"],
         ["run", "dataset.name=wordnet_topics", "model.name=minilm_lora", f"model.path={tmp / 'empty'}"],
         ["list", "nothing"],
         ["list", "algorithm", "nothing"],
@@ -113,6 +117,13 @@ def test_a_model_path_that_is_no_model_folder_is_refused_before_loading(tmp_path
     for path, what in [(tmp_path / "missing", "no such folder"), (tmp_path, "a folder without config.json")]:
         result = CliRunner().invoke(app, ["run", "model.name=minilm_lora", f"model.path={path}"])
         assert result.exit_code != 0 and f"model.path: {what}; give a local Hugging Face model folder" in result.output
+
+
+def test_an_output_folder_that_cannot_be_made_is_named_with_its_option(tmp_path):
+    (tmp_path / "file").write_text("")
+    result = CliRunner().invoke(app, ["run", f"output_dir={tmp_path / 'file' / 'o'}", "rounds=1"])
+    assert result.exit_code != 0 and f"output_dir: cannot create {tmp_path / 'file' / 'o'}" in result.output
+    assert "Not a directory" in result.output
 
 
 def test_a_real_process_given_a_run_folder_suggests_resume(finished_run):

@@ -41,6 +41,18 @@ class ConfigError(ValueError):
     """A user-facing configuration problem; ``str(err)`` is one line."""
 
 
+def make_folder(path: Path, option: str, exist_ok: bool = True) -> Path:
+    """``path.mkdir(parents=True)``, or a one-line :class:`ConfigError` naming the ``option`` that chose
+    the place (a read-only or impossible location, a file in the way)."""
+    try:
+        path.mkdir(parents=True, exist_ok=exist_ok)
+    except FileExistsError:
+        raise
+    except OSError as exc:
+        raise ConfigError(f"{option}: cannot create {path} ({exc.strerror})") from None
+    return path
+
+
 class FlowerSettings(BaseModel):
     """``flower:`` section, read only with ``engine: flower`` (docs/deployment.md)."""
 

@@ -36,7 +36,7 @@ from fedmerge.core.training import LocalTraining
 from fedmerge.engines.workers import set_threads
 from fedmerge.models import build_model
 
-from .config import ConfigError
+from .config import ConfigError, make_folder
 from .runner import load_data, resolve_device
 
 MIN_CELL = 1e-3  # cells are normalised into merge weights: keep every one positive
@@ -189,7 +189,7 @@ def calibrate(
 ) -> Calibration:
     """The whole pipeline; writes g_shap.json, samples.csv, shap_dependence.png and config.json."""
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    make_folder(out, "--out")
     rows = collect_samples(cfg, repeats, log)
     table, values = fit_table(rows, a_edges, b_edges, trees, cfg.seed)
     for r, v in zip(rows, values):

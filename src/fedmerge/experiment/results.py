@@ -29,8 +29,9 @@ def new_run_dir(output_dir: str | Path, name: str) -> Path:
     path, i = base, 1
     while path.exists():
         path, i = base.with_name(f"{base.name}-{i}"), i + 1
-    path.mkdir(parents=True)
-    return path
+    from .config import make_folder  # config imports this module
+
+    return make_folder(path, "output_dir", exist_ok=False)
 
 
 class RunStore:

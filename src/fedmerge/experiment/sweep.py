@@ -33,7 +33,7 @@ import yaml
 from fedmerge.core.checkpoint import atomic_write_bytes
 
 from .compare import DONE, FAILED, INCOMPLETE, PENDING, RunRecord, SettingTable, compare, to_csv, to_markdown
-from .config import ConfigError, first_config_difference, load_config
+from .config import ConfigError, first_config_difference, load_config, make_folder
 from .results import CONFIG_FILE, METRICS_FILE, SUMMARY_FILE
 from .sweep_spec import SweepPoint, SweepSpec, expand
 
@@ -86,7 +86,7 @@ def prepare(spec: SweepSpec, sweep_dir: Path) -> list[SweepPoint]:
     points = expand(spec)
     for p in points:
         _check_same_config(sweep_dir / RUNS_DIR / p.key, p)
-    sweep_dir.mkdir(parents=True, exist_ok=True)
+    make_folder(sweep_dir, "sweep folder (--out, or output_dir)")
     stored = spec.to_json()
     for key in ("config", "tuned"):  # absolute: the sweep resumes from any working folder
         if stored[key]:

@@ -28,7 +28,7 @@ from pydantic import BaseModel
 
 from fedmerge.core.loop import RoundFailed
 
-from .config import ConfigError, load_config, read_yaml
+from .config import ConfigError, load_config, make_folder, read_yaml
 from .results import CHECKPOINT_DIR
 from .runner import run_experiment
 
@@ -179,7 +179,7 @@ def tune(
             raise ConfigError("tuning needs a validation split: set split.val_fraction above 0")
         plans.append((method, cfg, space_for(cfg, user, config)))
     notify(f"tuning {', '.join(methods)} with {trials} trials each in {out_dir}")
-    out_dir.mkdir(parents=True, exist_ok=True)
+    make_folder(out_dir, "tune folder (--out, or output_dir)")
     storage = f"sqlite:///{(out_dir / STUDY_FILE).resolve()}"
     results = []
     for method, cfg, space in plans:
