@@ -65,6 +65,13 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     return ConfigError, DataUnavailable
 
 
+def _reason(exc: Exception) -> str:
+    """One line for an OSError or ValueError: the system's words and the path, not errno's repr."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"{exc.strerror}: {exc.filename}" if exc.filename else exc.strerror
+    return str(exc).splitlines()[0]
+
+
 @app.command()
 def run(
     args: list[str] = CONFIG_AND_OVERRIDES,
@@ -399,7 +406,7 @@ def partition(
         try:
             data.plot_summary(plot)
         except (OSError, ValueError) as exc:  # an unwritable folder, an unknown image format
-            _fail(f"--plot {plot}: {str(exc).splitlines()[0]}", 2)
+            _fail(f"--plot {plot}: {_reason(exc)}", 2)
         out.print(f"plot saved to {plot}", soft_wrap=True, highlight=False)
 
 
@@ -470,7 +477,7 @@ def plot_merge_weights_cmd(
     try:
         path = plot_merge_weights(run_dir, out_path, rounds or None, panels)
     except (OSError, ValueError) as exc:
-        _fail(str(exc), 2)
+        _fail(_reason(exc), 2)
     out.print(f"plot saved to {path}", soft_wrap=True, highlight=False)
 
 
@@ -486,7 +493,7 @@ def plot_lambda_cmd(
     try:
         path = plot_lambda(run_dir, out_path, split=split)
     except (OSError, ValueError) as exc:  # OSError: an unwritable --out
-        _fail(str(exc), 2)
+        _fail(f"--out {out_path}: {_reason(exc)}" if isinstance(exc, OSError) else _reason(exc), 2)
     out.print(f"plot saved to {path}", soft_wrap=True, highlight=False)
 
 
@@ -501,7 +508,7 @@ def plot_budget_cmd(
     try:
         path = plot_budget(run_dirs, out_path)
     except (OSError, ValueError) as exc:  # OSError: an unwritable --out
-        _fail(str(exc), 2)
+        _fail(f"--out {out_path}: {_reason(exc)}" if isinstance(exc, OSError) else _reason(exc), 2)
     out.print(f"plot saved to {path}", soft_wrap=True, highlight=False)
 
 
