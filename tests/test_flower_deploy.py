@@ -451,3 +451,13 @@ def test_tls_authenticated_deployment_with_node_owned_data_and_state_survives_ki
     if network.namespaces:  # the SuperLink saw each SuperNode at its own address on the virtual network
         access = procs.log("superlink")
         assert all(f"{a}:" in access for a in node_addresses) and "127.0.0.1:" not in access, node_addresses
+
+
+def test_the_app_folder_command_refuses_an_unwritable_place_in_one_line(tmp_path):
+    (tmp_path / "file").write_text("")
+    proc = subprocess.run(
+        [sys.executable, "-m", "fedmerge.engines.flower", str(tmp_path / "file" / "app")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip() == f"error: {tmp_path / 'file' / 'app'}: cannot write the app folder (Not a directory)"

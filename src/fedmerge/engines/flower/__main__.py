@@ -47,4 +47,7 @@ def write_app(folder: Path) -> Path:
 if __name__ == "__main__":
     if len(sys.argv) != 2:
         sys.exit("usage: python -m fedmerge.engines.flower DIR")
-    print(write_app(Path(sys.argv[1])))
+    try:
+        print(write_app(Path(sys.argv[1])))
+    except OSError as exc:  # a read-only place, a file in the way
+        sys.exit(f"error: {sys.argv[1]}: cannot write the app folder ({exc.strerror})")
