@@ -67,6 +67,8 @@ def bad_invocations(tmp: Path, run_dir: Path) -> list[list[str]]:
         ["run", f"output_dir={tmp / 'file.txt' / 'o'}", "rounds=1"],  # a file in the way
         ["sweep", f"output_dir={tmp / 'file.txt' / 'o'}", "rounds=1", "--no-progress"],
         ["tune", "--out", str(tmp / "file.txt" / "t"), "rounds=1"],
+        ["tune", "--out", str(tmp / "file.txt"), "rounds=1"],  # a file where the folder should be
+        ["sweep", "--out", str(tmp / "file.txt"), "rounds=1", "--no-progress"],
         ["run", "dataset.name=wordnet_features", f"dataset.cache_dir={tmp / 'file.txt' / 'c'}", "rounds=1"],
         ["run", "dataset.name=wordnet_topics", "model.name=minilm_lora", f"model.path={tmp / 'empty'}"],
         ["list", "nothing"],

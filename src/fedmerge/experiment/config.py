@@ -46,9 +46,7 @@ def make_folder(path: Path, option: str, exist_ok: bool = True) -> Path:
     the place (a read-only or impossible location, a file in the way)."""
     try:
         path.mkdir(parents=True, exist_ok=exist_ok)
-    except FileExistsError:
-        raise
-    except OSError as exc:
+    except OSError as exc:  # FileExistsError too: a file of that name (or, with exist_ok=False, anything)
         raise ConfigError(f"{option}: cannot create {path} ({exc.strerror})") from None
     return path
 

@@ -168,7 +168,7 @@ def _column_name(names: list[str], column: str | int, path: Path, role: str) -> 
         return names[column]
     if column not in names:
         shown = names if len(names) <= 12 else [*names[:10], "...", names[-1]]
-        other = [d for d in (";", "\t", "|", ",") if len(names) == 1 and d in names[0]]
+        other = [d for d in ";\t|," if d in names[0]] if len(names) == 1 else []  # read as one column
         hint = f"; if the columns are separated by {other[0]!r}, set dataset.delimiter={other[0]!r}" if other else ""
         raise ValueError(f"{path}: no column {column!r} (dataset.{role}_column); have {shown}{hint}")
     return column
