@@ -68,18 +68,24 @@ def _cached_features(texts: list[str], cfg: WordNetFeaturesConfig) -> np.ndarray
 
     if file.is_file():
         return load_file(file)["x"]
-    unwritable = f"dataset.cache_dir: cannot write the feature cache in {file.parent}"
+
+    def unwritable(exc: OSError) -> ValueError:
+        return ValueError(
+            f"dataset.cache_dir: cannot write the feature cache in {file.parent} ({exc.strerror}); "
+            "set dataset.cache_dir to a writable folder"
+        )
+
     try:  # before the encoding, which takes minutes
         file.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise ValueError(f"{unwritable} ({exc.strerror}); set dataset.cache_dir to a writable folder") from None
+        raise unwritable(exc) from None
     x = encode(texts, encoder, cfg.max_tokens, cfg.batch_size)
     tmp = file.with_suffix(".tmp")
     try:
         save_file({"x": x}, tmp)
         tmp.replace(file)  # atomic: a killed encoding leaves no half-written cache
     except OSError as exc:
-        raise ValueError(f"{unwritable} ({exc.strerror}); set dataset.cache_dir to a writable folder") from None
+        raise unwritable(exc) from None
     return x
 
 
