@@ -1,10 +1,12 @@
+import copy
+
 import pytest
 import torch
 
 from fedmerge.core.params import flatten, unflatten, weighted_average
 from fedmerge.core.registry import ComponentConfig, Registry
 from fedmerge.core.seeding import derive_seed, torch_generator
-from fedmerge.core.training import batch_slices, iterate_minibatches
+from fedmerge.core.training import LocalTraining, batch_slices, iterate_minibatches, local_sgd
 from fedmerge.core.types import ClientState, Payload, Update
 
 
@@ -75,6 +77,29 @@ def test_batches_never_have_a_single_sample_and_cover_everything():
     assert sum(len(i) for i in idx) == 20
     idx = list(iterate_minibatches(10, 4, torch.Generator().manual_seed(0), epochs=1, max_steps=7))
     assert len(idx) == 7
+
+
+def test_a_one_sample_client_trains_a_batchnorm_model_on_its_running_statistics():
+    # A client with a single training sample has a batch of 1, which BatchNorm cannot normalise in
+    # training mode (pFedMoE's gate crashed a study's run on such a client). That step uses the
+    # running statistics: the same update as the model in eval mode, statistics left unchanged.
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    with torch.no_grad():  # statistics unlike the defaults, so that using them is visible
+        model[1].running_mean.copy_(torch.tensor([0.5, -0.2, 0.1, 0.3]))
+        model[1].running_var.copy_(torch.tensor([2.0, 0.5, 1.5, 0.8]))
+    x, y = torch.randn(1, 3), torch.tensor([1])
+    expected = copy.deepcopy(model).eval()
+    loss = torch.nn.functional.cross_entropy(expected(x), y)
+    loss.backward()
+    torch.optim.SGD(expected.parameters(), lr=0.1).step()
+    stats = local_sgd(model, x, y, LocalTraining(lr=0.1, batch_size=8), torch.Generator().manual_seed(0))
+    assert stats.steps == 1 and stats.loss == pytest.approx(loss.item())
+    for p, q in zip(model.parameters(), expected.parameters()):
+        assert torch.equal(p, q)
+    assert torch.equal(model[1].running_mean, torch.tensor([0.5, -0.2, 0.1, 0.3]))
+    assert int(model[1].num_batches_tracked) == 0
+    assert model.training and model[1].training  # back in training mode for the next client
 
 
 def test_registry_requires_literal_name_and_rejects_duplicates():

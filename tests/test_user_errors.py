@@ -163,6 +163,14 @@ def test_incompatible_model_is_refused_before_the_run_folder_exists(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_batch_size_one_is_refused_for_a_model_with_batchnorm(tmp_path):
+    cfg = quick_config("model.name=mobilenet_v1", "algorithm.batch_size=1", f"output_dir={tmp_path}")
+    with pytest.raises(ConfigError, match=r"^algorithm.batch_size: 1 cannot train model 'mobilenet_v1': its BatchNorm"):
+        run_experiment(cfg, show_progress=False)
+    assert list(tmp_path.iterdir()) == []
+    check_compatibility(quick_config("algorithm.batch_size=1"), torch.rand(2, 1, 8, 8), 10, torch.device("cpu"))
+
+
 def test_compatibility_probe_leaves_the_run_unchanged(tmp_path):
     # The probe runs the model in eval mode with a forked RNG: results equal those of the model as built.
     cfg = quick_config("rounds=1", "model.name=twocnn")

@@ -10,13 +10,14 @@ Every hook receives the :class:`Step` in progress: the model, the step's index, 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 from torch.nn import functional as F
+from torch.nn.modules.batchnorm import _BatchNorm
 from torch.optim import SGD
 
 from .model_state import set_train_mode, trainable_parameters
@@ -67,7 +68,8 @@ BatchLoss = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 def batch_slices(n: int, batch_size: int) -> list[slice]:
     """Contiguous batch slices over a permutation; a trailing batch of 1 is merged into the
-    previous one (BatchNorm cannot train on a single sample)."""
+    previous one (BatchNorm cannot train on a single sample). A client with one training sample
+    still has a batch of 1: see :func:`running_statistics`."""
     bounds = list(range(0, n, batch_size)) + [n]
     if len(bounds) > 2 and bounds[-1] - bounds[-2] == 1:
         bounds.pop(-2)
@@ -165,7 +167,8 @@ def _train(
         if before_forward is not None:
             before_forward(step)
         optimizer.zero_grad(set_to_none=True)
-        step.logits = model(step.x) if forward is None else forward(step.x)
+        with running_statistics(model) if idx.shape[0] == 1 else nullcontext():
+            step.logits = model(step.x) if forward is None else forward(step.x)
         task_loss = F.cross_entropy(step.logits, step.y) if loss_fn is None else loss_fn(step.logits, step.y, idx)
         loss = task_loss if extra_loss is None else task_loss + extra_loss(step)
         loss.backward()
@@ -181,6 +184,22 @@ def _train(
     for value in torch.stack(losses).double().cpu().tolist():
         total += value
     return TrainStats(loss=total / max(steps, 1), steps=steps, samples=samples)
+
+
+@contextmanager
+def running_statistics(model: nn.Module) -> Iterator[None]:
+    """BatchNorm layers in eval mode for one forward pass: a batch of one sample (a client that
+    holds a single training sample, or ``batch_size=1``) has no batch statistics, so they normalise
+    with their running statistics and leave them unchanged, instead of failing. Their weights still
+    train."""
+    norms = [m for m in model.modules() if isinstance(m, _BatchNorm) and m.training]
+    for m in norms:
+        m.train(False)
+    try:
+        yield
+    finally:
+        for m in norms:
+            m.train(True)
 
 
 @contextmanager

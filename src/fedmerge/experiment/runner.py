@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 from pydantic import BaseModel
+from torch.nn.modules.batchnorm import _BatchNorm
 
 from fedmerge.algorithms import ALGORITHMS, Algorithm
 from fedmerge.core.checkpoint import (
@@ -102,6 +103,11 @@ def check_compatibility(
         model.train(was_training)
     if tuple(logits.shape) != (len(sample), num_classes):
         raise ConfigError(f"{where}: it returns shape {tuple(logits.shape)}, expected (N, {num_classes})")
+    if getattr(cfg.algorithm, "batch_size", None) == 1 and any(isinstance(m, _BatchNorm) for m in model.modules()):
+        raise ConfigError(
+            f"algorithm.batch_size: 1 cannot train model {cfg.model.name!r}: its BatchNorm layers need 2 or more "
+            "samples per batch"
+        )
     return model
 
 
