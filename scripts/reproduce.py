@@ -30,6 +30,7 @@ import itertools
 import json
 import os
 import re
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -449,9 +450,17 @@ def report(study: dict[str, Any], runs: Path, chosen: dict[str, int], ref: dict[
     for label in labels:
         for _, _, folder in row_runs(study, runs, label, chosen[label]):
             for seg in read_provenance(folder):
-                lines.append(seg["command"].replace(str(runs.resolve()), shown))
+                lines.append(shown_command(seg["command"].replace(str(runs.resolve()), shown)))
     lines += ["```", ""]
     return "\n".join(lines)
+
+
+def shown_command(command: str) -> str:
+    """A run's command with absolute paths inside the repository shown relative to it (runs made from
+    another checkout, or shared from another study's folder, record absolute run-folder paths)."""
+    root = os.getcwd() + os.sep
+    words = shlex.split(command)
+    return shlex.join(os.path.relpath(w) if w.startswith(root) else w for w in words)
 
 
 def main() -> None:

@@ -153,3 +153,15 @@ def test_extra_points_follow_the_grid_count_in_the_budget_and_share_its_runs(mad
     path.write_text(yaml.safe_dump(unequal))
     with pytest.raises(SystemExit, match="unequal tuning budgets"):
         rp.load_study(path)
+
+
+def test_commands_show_paths_inside_the_repository_relative_to_it(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    shown = reproduce_module().shown_command(
+        f"fedmerge run configs/a.yaml seed=1 --output-dir {tmp_path}/runs/repro/old/fedavg-g0-s1 --no-progress "
+        "dataset.path=/usr/share/data name='a b'"
+    )
+    assert shown == (
+        "fedmerge run configs/a.yaml seed=1 --output-dir runs/repro/old/fedavg-g0-s1 --no-progress "
+        "dataset.path=/usr/share/data 'name=a b'"
+    )
