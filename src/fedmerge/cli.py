@@ -421,8 +421,9 @@ def export_clients_cmd(
     ),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="progress bar"),
 ) -> None:
-    """Write one self-contained file per client (its train/val/test tensors, classes, input shape),
-    so that each node of a deployment holds only its own data."""
+    """Write one file per client (its train/val/test tensors), so that each node holds only its own data.
+
+    Each file is self-contained: it also names the classes and the input shape."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
     from fedmerge.data.client_files import POOLED_FILE, check_out_dir, export_clients, source_digest, write_pooled_test
