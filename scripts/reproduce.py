@@ -259,6 +259,17 @@ def local_lrs(study: dict[str, Any]) -> list[float] | None:
     return None
 
 
+def reference_settings_text(study: dict[str, Any]) -> str:
+    """How this study's central reference was trained, as the report states it."""
+    opts = study.get("regime", {})
+    lrs, grid = opts.get("lrs"), local_lrs(study)
+    epochs = f"The reference trains for at most {opts.get('max_epochs', 40)} epochs; its learning rate"
+    if lrs is None and grid is None:
+        return f"{epochs} is the base config's."
+    source = "the Local row's grid" if lrs is None or lrs == grid else "{" + ", ".join(f"{lr:g}" for lr in lrs) + "}"
+    return f"{epochs} is chosen per group from {source} by validation loss."
+
+
 def regime(study: dict[str, Any], runs: Path) -> dict[int, dict[str, Any]]:
     out = {}
     opts = study.get("regime", {})
@@ -356,8 +367,8 @@ def report(study: dict[str, Any], runs: Path, chosen: dict[str, int], ref: dict[
         f"Bars: Local at least {LOCAL_GAP:.0f} points and FedAvg at least {FEDAVG_GAP:.0f} points below a central "
         "reference (one model trained centrally on the pooled training data of each ground-truth group, or of all "
         "clients for label-skew settings; epochs chosen on the pooled validation split), all evaluated on each "
-        "client's own test split (mean over clients). The reference's learning rate is chosen per group from the "
-        "Local row's grid by validation loss. Local and FedAvg are the tuned rows below, best-validation round.",
+        "client's own test split (mean over clients). " + reference_settings_text(study) + " Local and FedAvg are "
+        "the tuned rows below, best-validation round.",
         "",
         "The column *with client prior* is the same central model with each client's training-label frequencies "
         "added to its log-probabilities: what a model that knows the client's label distribution reaches. It is "

@@ -165,3 +165,19 @@ def test_commands_show_paths_inside_the_repository_relative_to_it(monkeypatch, t
         "fedmerge run configs/a.yaml seed=1 --output-dir runs/repro/old/fedavg-g0-s1 --no-progress "
         "dataset.path=/usr/share/data 'name=a b'"
     )
+
+
+def test_the_report_states_the_reference_settings_the_study_used():
+    rp = reproduce_module()
+    local = {"label": "Local", "grid": {"algorithm.lr": [0.05, 0.2, 0.4]}}
+    widened = {"regime": {"max_epochs": 8, "lrs": [0.05, 0.2]}, "methods": [local]}
+    assert rp.reference_settings_text(widened) == (
+        "The reference trains for at most 8 epochs; its learning rate is chosen per group from {0.05, 0.2} by "
+        "validation loss."
+    )
+    assert rp.reference_settings_text({"regime": {"max_epochs": 3}, "methods": [local]}).endswith(
+        "at most 3 epochs; its learning rate is chosen per group from the Local row's grid by validation loss."
+    )
+    assert rp.reference_settings_text({"methods": [{"label": "FedAvg"}]}) == (
+        "The reference trains for at most 40 epochs; its learning rate is the base config's."
+    )
