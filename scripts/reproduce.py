@@ -9,6 +9,10 @@ The protocol, the same for every row:
 
 1. Regime check first: a central reference (one model per ground-truth group, or on all data for
    label-skew partitions; ``fedmerge.experiment.regime``) per seed, against the tuned Local and FedAvg.
+   ``regime: {scope, max_epochs, lrs}`` sets how the reference trains: at most ``max_epochs`` epochs
+   (default 40; a cap above the federated rows' rounds x local epochs can open gaps that measure only
+   the longer training: ``studies/livar_wordnet_beta05_budget.yaml`` checks one such study at its
+   budget), at the learning rates ``lrs`` (default: the Local row's grid), chosen by validation loss.
 2. Tuning: every grid point of every method runs on ``tune_seed``; the point with the best mean
    client *validation* top-1 (at the best-validation-loss round) is chosen. Every method's grid must
    have the same number of points (the equal budget); the study is refused otherwise.
