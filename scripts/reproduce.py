@@ -255,6 +255,9 @@ def run_seeds(study: dict[str, Any], runs: Path, chosen: dict[str, int], workers
     run_all(jobs, study, runs, workers)
 
 
+REFERENCE_MAX_EPOCHS = 40  # a study's regime.max_epochs when it sets none
+
+
 def local_lrs(study: dict[str, Any]) -> list[float] | None:
     """The reference is tuned over the Local row's learning-rate grid (the same budget)."""
     for m in study["methods"]:
@@ -267,7 +270,8 @@ def reference_settings_text(study: dict[str, Any]) -> str:
     """How this study's central reference was trained, as the report states it."""
     opts = study.get("regime", {})
     lrs, grid = opts.get("lrs"), local_lrs(study)
-    epochs = f"The reference trains for at most {opts.get('max_epochs', 40)} epochs; its learning rate"
+    cap = opts.get("max_epochs", REFERENCE_MAX_EPOCHS)
+    epochs = f"The reference trains for at most {cap} epochs; its learning rate"
     if lrs is None and grid is None:
         return f"{epochs} is the base config's."
     source = "the Local row's grid" if lrs is None or lrs == grid else "{" + ", ".join(f"{lr:g}" for lr in lrs) + "}"
@@ -287,7 +291,7 @@ def regime(study: dict[str, Any], runs: Path) -> dict[int, dict[str, Any]]:
                 cfg.algorithm,
                 seed,
                 scope=opts.get("scope", "auto"),
-                max_epochs=opts.get("max_epochs", 40),
+                max_epochs=opts.get("max_epochs", REFERENCE_MAX_EPOCHS),
                 lrs=opts.get("lrs", local_lrs(study)),
             )
             runs.mkdir(parents=True, exist_ok=True)
