@@ -40,6 +40,7 @@ from fedmerge.algorithms.fedavg import FedAvg, FedAvgConfig
 from fedmerge.core.seeding import torch_generator
 from fedmerge.core.training import local_sgd
 from fedmerge.engines.local import LocalEngine
+from fedmerge.engines.memory import keep_freed_memory
 from fedmerge.models import MODELS, build_model
 
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
@@ -229,6 +230,12 @@ def main() -> None:
         "no per-client work): what the training loop adds per step",
     )
     ap.add_argument(
+        "--malloc-default",
+        action="store_true",
+        help="leave glibc's malloc as it is instead of keeping freed memory (keep_freed_memory, a run's default): "
+        "each round's updates then page-fault fresh memory",
+    )
+    ap.add_argument(
         "--dropped",
         action="store_true",
         help="also time the fit with each update dropped at once (memory reused): the cost of keeping updates",
@@ -240,10 +247,11 @@ def main() -> None:
         raise SystemExit("error: --device cuda, but torch sees no CUDA device")
     clock = synced(CLOCKS[args.clock]) if device.type == "cuda" else CLOCKS[args.clock]
 
+    kept_memory = not args.malloc_default and keep_freed_memory()  # as a run does (keep_freed_memory: true)
     x, y, source = load_samples(max(args.clients) * args.samples)
     print(
         f"data={source}, {args.samples} samples per client, FedAvg 1 local epoch, best of {args.repeats}, "
-        f"{args.clock} clock, device {device}"
+        f"{args.clock} clock, device {device}, freed memory {'kept' if kept_memory else 'returned (malloc default)'}"
         + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else "")
     )
     for model, batch, clients, threads in itertools.product(args.model, args.batch_size, args.clients, args.threads):

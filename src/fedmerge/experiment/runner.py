@@ -34,6 +34,7 @@ from fedmerge.data import DataUnavailable, FederatedDataset, build_federated_dat
 from fedmerge.engines.device import DeviceUnavailable
 from fedmerge.engines.device import resolve_device as engine_device
 from fedmerge.engines.local import LocalEngine
+from fedmerge.engines.memory import keep_freed_memory
 from fedmerge.engines.vectorized import vectorize_problem
 from fedmerge.engines.workers import set_threads, workers_problem
 from fedmerge.models import build_model, count_parameters
@@ -46,7 +47,7 @@ from .summary import TIMING_KEYS, build_summary, summarize_eval, summary_markdow
 from .tensorboard_log import ScalarLog, require_tensorboard
 from .tuned import load_tuned_config
 
-RESUME_OVERRIDABLE = {"rounds", "device", "eval_batch_size", "workers", "state.cache_size"}
+RESUME_OVERRIDABLE = {"rounds", "device", "eval_batch_size", "workers", "state.cache_size", "keep_freed_memory"}
 
 
 @dataclass
@@ -183,6 +184,8 @@ def run_experiment(
     if (problem := workers_problem(cfg.workers, cfg.threads, device, cfg.engine)) is not None:
         raise ConfigError(problem)
     set_threads(cfg.threads)
+    if cfg.keep_freed_memory:
+        keep_freed_memory()  # forked workers inherit it
     # Everything that can be refused is checked before the run folder exists.
     federation = None
     if deployment:

@@ -1,0 +1,77 @@
+"""``keep_freed_memory``: freed blocks stay in the process, so that a round's updates reuse them instead
+of page-faulting fresh memory; it is a run's default, changes no number, and can be turned off."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from helpers import quick_config, run
+
+import fedmerge.experiment.runner as runner
+from fedmerge.engines.memory import keep_freed_memory
+from fedmerge.experiment.results import RunStore
+
+glibc = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc settings (Linux)")
+
+# A round as a simulation makes it: 20 updates, all freed after "aggregation". Printed: how many bytes
+# of freed memory malloc still holds for the next round (glibc's mallinfo2: fordblks). Page-fault
+# counts would say the same less reliably (transparent huge pages fault 2 MB at once).
+ROUND = textwrap.dedent(
+    """
+    import ctypes, sys, torch
+    torch.set_num_threads(1)
+    from fedmerge.engines.memory import keep_freed_memory
+
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [(name, ctypes.c_size_t) for name in
+                    "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
+
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallinfo2.restype = MallInfo2
+    if sys.argv[1] == "keep":
+        assert keep_freed_memory()
+    weights = torch.randn(1500, 1000)  # 6 MB (a TwoCNN has 6.6 MB)
+    updates = [weights.clone() for _ in range(20)]
+    del updates
+    print(libc.mallinfo2().fordblks)
+    """
+)
+UPDATES = 20 * 1500 * 1000 * 4
+
+
+def held_after_round(mode: str) -> int:
+    out = subprocess.run([sys.executable, "-c", ROUND, mode], capture_output=True, text=True, check=True)
+    return int(out.stdout)
+
+
+@glibc
+def test_memory_freed_by_a_round_stays_for_the_next_one():
+    assert held_after_round("keep") >= UPDATES
+    # glibc's default gives it back to the system (munmap, or trimming the heap); the next round's
+    # updates then start on fresh pages, and each first touch of a page is a page fault
+    assert held_after_round("default") < UPDATES // 2
+
+
+@glibc
+def test_keep_freed_memory_applies_once_and_says_so():
+    assert keep_freed_memory() is True
+    assert keep_freed_memory() is True
+
+
+def test_a_run_keeps_freed_memory_unless_told_not_to_and_the_numbers_do_not_change(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(runner, "keep_freed_memory", lambda: calls.append(1) or True)
+    default = run(quick_config("rounds=1"), tmp_path / "default")
+    assert calls == [1]
+    off = run(quick_config("rounds=1", "keep_freed_memory=false"), tmp_path / "off")
+    assert calls == [1]
+    assert "keep_freed_memory" not in (default.run_dir / "config.yaml").read_text()
+    assert "keep_freed_memory: false" in (off.run_dir / "config.yaml").read_text()
+    a, b = (RunStore(r.run_dir).read_metrics() for r in (default, off))
+    drop = ("elapsed_seconds", "fit_seconds", "eval_seconds")
+    assert [{k: v for k, v in m.items() if k not in drop} for m in a] == [
+        {k: v for k, v in m.items() if k not in drop} for m in b
+    ]
