@@ -132,6 +132,49 @@ def test_fixed_magnitude_step_moves_largest_logit_by_lr(scale):
     assert torch.equal(merging.fixed_magnitude_step(torch.zeros(3, 2), torch.ones(3) / 3, 0.01), torch.zeros(3, 2))
 
 
+def scalar_closed_form(grad, p, lr, increment=None):
+    """The closed form with the step count on Python floats (what the server step computed before it
+    stopped reading values back from the device)."""
+    pg = p.to(grad.dtype)[:, None] * grad
+    total = grad.abs().sum()
+    if not torch.isfinite(total) or total == 0:
+        return torch.zeros_like(grad)
+    pg_hat = pg / total
+    c = float(pg_hat.abs().max())
+    if c == 0:
+        return torch.zeros_like(grad)
+    inc = lr if increment is None else increment
+    k = min(math.floor(lr / (inc * c)) + 1, merging.MAX_GRID_STEPS + 1)
+    return -(inc * k) * pg_hat
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_fixed_magnitude_step_on_the_device_equals_python_scalar_arithmetic_bit_for_bit(dtype):
+    gen = torch.Generator().manual_seed(11)
+    cases = 0
+    for trial in range(400):
+        m, d = int(torch.randint(1, 60, (1,), generator=gen)), int(torch.randint(1, 31, (1,), generator=gen))
+        scale = 10.0 ** float(torch.randint(-30, 30, (1,), generator=gen))
+        grad = (scale * torch.randn(m, d, generator=gen, dtype=torch.float64)).to(dtype)
+        p = torch.rand(m, generator=gen, dtype=torch.float64)
+        if trial % 7 == 0:
+            p[: m // 2] = 0.0  # clients with no weight
+        p /= p.sum()
+        lr = float(torch.rand((), generator=gen)) * 0.5 + 1e-4
+        for increment in (None, 0.01, 1e-9):  # 1e-9: the 10,001-step cap binds
+            expected = scalar_closed_form(grad, p, lr, increment)
+            got = merging.fixed_magnitude_step(grad, p, lr, increment)
+            assert got.dtype == expected.dtype
+            assert torch.equal(got.view(-1).view(torch.uint8), expected.view(-1).view(torch.uint8)), (trial, increment)
+            cases += 1
+    for special in (torch.zeros(4, 3), torch.full((4, 3), float("nan")), torch.tensor([[float("inf"), 1.0]])):
+        special = special.to(dtype)
+        p = torch.ones(special.shape[0], dtype=torch.float64) / special.shape[0]
+        got = merging.fixed_magnitude_step(special, p, 0.1)
+        assert torch.equal(got, torch.zeros_like(special)) and not torch.signbit(got).any()
+    assert cases == 1200
+
+
 def test_fedmerge_with_one_model_is_fedprox(tmp_path):
     """d=1: the merge is the single model, omega_i = p_i, so FedMerge is FedProx with mu = 2 * prox_mu
     (the reference's prox term has no 1/2). Identical up to float32 rounding of the average."""

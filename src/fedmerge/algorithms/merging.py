@@ -69,15 +69,16 @@ def fixed_magnitude_step(grad: Tensor, p: Tensor, lr: float, increment: float | 
     """
     pg = p.to(grad.dtype)[:, None] * grad
     total = grad.abs().sum()
-    if not torch.isfinite(total) or total == 0:
-        return torch.zeros_like(grad)
-    pg_hat = pg / total
-    c = float(pg_hat.abs().max())
-    if c == 0:
-        return torch.zeros_like(grad)
+    # Computed where grad lives, without reading a value back: on a GPU the host then queues the
+    # server step's next products without waiting. Equal, bit for bit, to the same arithmetic on
+    # Python floats (tested): k is an exact integer in float64, and the quotient a true division.
+    usable = torch.isfinite(total) & (total != 0)
+    pg_hat = pg / torch.where(usable, total, torch.ones_like(total))
+    c = pg_hat.abs().max().double()
     inc = lr if increment is None else increment
-    k = min(math.floor(lr / (inc * c)) + 1, MAX_GRID_STEPS + 1)
-    return -(inc * k) * pg_hat
+    k = torch.clamp(torch.floor(torch.full_like(c, lr) / (inc * c)) + 1, max=MAX_GRID_STEPS + 1)
+    step = (-(inc * k)).to(pg_hat.dtype) * pg_hat
+    return torch.where(usable & (c > 0), step, torch.zeros_like(step))
 
 
 def topk_mask(grads: Tensor, fraction: float) -> Tensor:
