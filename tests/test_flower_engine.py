@@ -85,8 +85,11 @@ def twonn_gradients(threads: int) -> list[torch.Tensor]:
 
 def test_default_threads_give_the_local_numbers_on_flower_with_two_ray_cpus(tmp_path, monkeypatch):
     pytest.importorskip("ray", reason="Flower simulation needs ray: pip install -e '.[flower]'")
-    # The control: for this model, 1 and 2 threads give different gradients (different reduction order).
-    assert not all(torch.equal(a, b) for a, b in zip(twonn_gradients(1), twonn_gradients(2)))
+    # The control: for this model, 1 and 2 threads give different gradients (different reduction order)
+    # on the AMD EPYC (AVX2) CI machines. Where a BLAS does not split such small products between
+    # threads (MKL on an AVX-512 Xeon), every thread count gives the same numbers: nothing to show.
+    if all(torch.equal(a, b) for a, b in zip(twonn_gradients(1), twonn_gradients(2))):
+        pytest.skip("on this CPU, 1 and 2 threads give this model the same gradients: the test would show nothing")
     # A user's process: torch's default thread count (2 here), Ray free to set its workers' own.
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     torch.set_num_threads(2)

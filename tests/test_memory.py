@@ -75,3 +75,13 @@ def test_a_run_keeps_freed_memory_unless_told_not_to_and_the_numbers_do_not_chan
     assert [{k: v for k, v in m.items() if k not in drop} for m in a] == [
         {k: v for k, v in m.items() if k not in drop} for m in b
     ]
+
+
+def test_flower_client_processes_get_the_setting_with_their_job():
+    from fedmerge.engines.flower.job import client_job
+
+    for overrides, expected in (((), True), (("keep_freed_memory=false",), False)):
+        experiment = quick_config(*overrides).model_dump(mode="json")
+        assert client_job(experiment, 4, with_data=False)["keep_freed_memory"] is expected
+    older = {k: v for k, v in quick_config().model_dump(mode="json").items() if k != "keep_freed_memory"}
+    assert client_job(older, 4, with_data=False)["keep_freed_memory"] is True

@@ -1,7 +1,8 @@
 """The client job: the part of an experiment config a node needs, and how a node rebuilds from it.
 
 The server sends only what client work depends on: the algorithm and model sections, the seed, the
-thread count, the device, the evaluation batch size and the split rules, plus the number of clients. In a simulation
+thread count, the device, the evaluation batch size, the split rules and whether a process keeps freed
+memory, plus the number of clients. In a simulation
 the job also names the data config (``data``), because virtual nodes rebuild their partition on the
 server's machine; a deployed node's data comes from its own file and the job names none.
 """
@@ -19,6 +20,7 @@ DATA_SECTIONS = ("dataset", "partition", "split", "noise")
 def client_job(experiment: dict[str, Any], num_clients: int, *, with_data: bool) -> dict[str, Any]:
     """The job sent with every message, from a validated experiment config dumped as JSON."""
     job = {key: experiment[key] for key in CLIENT_KEYS}
+    job["keep_freed_memory"] = experiment.get("keep_freed_memory", True)  # a process serving many clients
     job["num_clients"] = num_clients
     if with_data:
         job["data"] = {key: experiment[key] for key in DATA_SECTIONS} | {"seed": experiment["seed"]}

@@ -33,6 +33,7 @@ from fedmerge.core.algorithm import ALGORITHMS, Algorithm
 from fedmerge.core.types import ClientState, Payload
 from fedmerge.engines.device import resolve_device
 from fedmerge.engines.local import LocalEngine
+from fedmerge.engines.memory import keep_freed_memory
 from fedmerge.engines.workers import set_threads
 
 from .client import partition_id
@@ -59,6 +60,8 @@ def _build_worker(job: dict[str, Any], algorithm_module: str, clients: Any, inpu
     from fedmerge.models import build_model
 
     set_threads(job["threads"])  # as on the server and in the local engine: the same numbers
+    if job.get("keep_freed_memory", True):  # a simulation's ClientApp process serves many clients
+        keep_freed_memory()
     device = resolve_device(job["device"])
     seed, num_clients = int(job["seed"]), int(job["num_clients"])
 
