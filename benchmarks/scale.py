@@ -19,7 +19,7 @@ Each (method, N) runs in its own process, which reports:
 Targets (issue 15): RSS at 100k <= 2x the RSS at 1k; s/round at 100k <= 1.5x 1k; checkpoint bytes
 per round proportional to the participants, not to N.
 
-    python benchmarks/scale.py [--clients 1000,10000,100000] [--methods fedavg,ditto] [--rounds 6]
+    python benchmarks/scale.py [--clients 1000,10000,100000] [--methods fedavg,ditto] [--rounds 6] [--set KEY=VALUE]
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def synthetic_clients(num_clients: int, samples: int, seed: int = 0):
     return FederatedDataset(clients, 10, (1, 28, 28), "synthetic-fmnist")
 
 
-def one(method: str, num_clients: int, rounds: int, samples: int, states: str, out: Path) -> dict:
+def one(method: str, num_clients: int, rounds: int, samples: int, states: str, out: Path, extra: list[str]) -> dict:
     """Run one (method, N) in this process and return its figures."""
     from fedmerge.core import checkpoint as ckpt_module
     from fedmerge.core.state_store import StateStore
@@ -99,6 +99,7 @@ def one(method: str, num_clients: int, rounds: int, samples: int, states: str, o
     ]
     if states == "disk":
         overrides.append("state.cache_size=256")
+    overrides += extra
     data = synthetic_clients(num_clients, samples)
     t_data = time.perf_counter()
     result = runner.run_experiment(load_config(None, overrides), None, show_progress=False, data=data)
@@ -130,14 +131,18 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--samples", type=int, default=60, help="samples per client")
     parser.add_argument("--states", choices=["disk", "ram"], default="disk")
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="another run setting (repeatable)"
+    )
     parser.add_argument("--one", nargs=2, metavar=("METHOD", "N"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
         with tempfile.TemporaryDirectory() as tmp:
-            figures = one(args.one[0], int(args.one[1]), args.rounds, args.samples, args.states, Path(tmp))
+            figures = one(args.one[0], int(args.one[1]), args.rounds, args.samples, args.states, Path(tmp), args.set)
         print(json.dumps(figures))
         return
-    print(f"load average at start: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores; states: {args.states}")
+    extra = f"; settings: {' '.join(args.set)}" if args.set else ""
+    print(f"load average at start: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores; states: {args.states}{extra}")
     head = f"{'method':<7} {'N':>7} {'peak RSS MB':>11} {'s/round':>8} {'set-up s':>8} {'ckpt bytes/round':>16}"
     print(head)
     results: list[dict] = []
@@ -145,6 +150,7 @@ def main() -> None:
         for n in (int(v) for v in args.clients.split(",")):
             cmd = [sys.executable, __file__, "--one", method, str(n), "--rounds", str(args.rounds)]
             cmd += ["--samples", str(args.samples), "--states", args.states]
+            cmd += [f"--set={kv}" for kv in args.set]
             done = subprocess.run(cmd, capture_output=True, text=True, check=False)
             if done.returncode != 0:
                 raise SystemExit(f"{method} at {n} clients failed:\n{done.stderr[-2000:]}")
