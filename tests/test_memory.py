@@ -8,11 +8,10 @@ import sys
 import textwrap
 
 import pytest
-from helpers import quick_config, run
+from helpers import QUICK, assert_runs_identical, quick_config, run
 
 import fedmerge.experiment.runner as runner
 from fedmerge.engines.memory import keep_freed_memory
-from fedmerge.experiment.results import RunStore
 
 glibc = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc settings (Linux)")
 
@@ -61,7 +60,7 @@ def test_keep_freed_memory_applies_once_and_says_so():
     assert keep_freed_memory() is True
 
 
-def test_a_run_keeps_freed_memory_unless_told_not_to_and_the_numbers_do_not_change(tmp_path, monkeypatch):
+def test_a_run_keeps_freed_memory_unless_told_not_to(tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr(runner, "keep_freed_memory", lambda: calls.append(1) or True)
     default = run(quick_config("rounds=1"), tmp_path / "default")
@@ -70,11 +69,18 @@ def test_a_run_keeps_freed_memory_unless_told_not_to_and_the_numbers_do_not_chan
     assert calls == [1]
     assert "keep_freed_memory" not in (default.run_dir / "config.yaml").read_text()
     assert "keep_freed_memory: false" in (off.run_dir / "config.yaml").read_text()
-    a, b = (RunStore(r.run_dir).read_metrics() for r in (default, off))
-    drop = ("elapsed_seconds", "fit_seconds", "eval_seconds")
-    assert [{k: v for k, v in m.items() if k not in drop} for m in a] == [
-        {k: v for k, v in m.items() if k not in drop} for m in b
-    ]
+
+
+def test_keeping_freed_memory_changes_no_number(tmp_path):
+    # Each run in its own process: the setting is process-wide, and this one has runs behind it.
+    dirs = []
+    for value in ("true", "false"):
+        out = tmp_path / value
+        cmd = [sys.executable, "-m", "fedmerge", "run", *QUICK, "eval_every=2", f"keep_freed_memory={value}"]
+        subprocess.run([*cmd, f"output_dir={out}"], capture_output=True, text=True, check=True)
+        (run_dir,) = out.iterdir()
+        dirs.append(run_dir)
+    assert_runs_identical(*dirs)
 
 
 def test_flower_client_processes_get_the_setting_with_their_job():
