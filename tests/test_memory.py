@@ -11,7 +11,6 @@ import pytest
 from helpers import QUICK, assert_runs_identical, quick_config, run
 
 import fedmerge.experiment.runner as runner
-from fedmerge.engines.memory import keep_freed_memory
 
 glibc = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc settings (Linux)")
 
@@ -52,12 +51,6 @@ def test_memory_freed_by_a_round_stays_for_the_next_one():
     # glibc's default gives it back to the system (munmap, or trimming the heap); the next round's
     # updates then start on fresh pages, and each first touch of a page is a page fault
     assert held_after_round("default") < UPDATES // 2
-
-
-@glibc
-def test_keep_freed_memory_applies_once_and_says_so():
-    assert keep_freed_memory() is True
-    assert keep_freed_memory() is True
 
 
 def test_a_run_keeps_freed_memory_unless_told_not_to(tmp_path, monkeypatch):
