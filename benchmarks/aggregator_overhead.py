@@ -17,9 +17,9 @@ from pathlib import Path
 
 import torch
 
-from fedmerge.experiment.config import load_config
-from fedmerge.experiment.results import RunStore
-from fedmerge.experiment.runner import run_experiment
+from fedmerge.config.schema import load_config
+from fedmerge.run.results import RunStore
+from fedmerge.run.runner import run_experiment
 
 RULES = {
     "fedavg": [],

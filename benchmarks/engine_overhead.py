@@ -22,11 +22,12 @@ from pathlib import Path
 import torch
 from plain_loop import plain_loop
 
+from fedmerge.config.schema import load_config
 from fedmerge.core.seeding import torch_generator
-from fedmerge.experiment.config import load_config
-from fedmerge.experiment.results import RunStore
-from fedmerge.experiment.runner import load_data, run_experiment
 from fedmerge.models import build_model
+from fedmerge.run.prepare import load_data
+from fedmerge.run.results import RunStore
+from fedmerge.run.runner import run_experiment
 
 
 def timed_run(config: str | None, overrides: list[str], out: Path) -> tuple[float, float, float, float]:

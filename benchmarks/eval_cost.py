@@ -15,9 +15,9 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from fedmerge.experiment.config import load_config
-from fedmerge.experiment.results import RunStore
-from fedmerge.experiment.runner import run_experiment
+from fedmerge.config.schema import load_config
+from fedmerge.run.results import RunStore
+from fedmerge.run.runner import run_experiment
 
 
 def main() -> None:

@@ -65,11 +65,11 @@ def synthetic_clients(num_clients: int, samples: int, seed: int = 0):
 
 def one(method: str, num_clients: int, rounds: int, samples: int, states: str, out: Path, extra: list[str]) -> dict:
     """Run one (method, N) in this process and return its figures."""
+    from fedmerge.config.schema import load_config
     from fedmerge.core import checkpoint as ckpt_module
     from fedmerge.core.state_store import StateStore
-    from fedmerge.experiment import runner
-    from fedmerge.experiment.config import load_config
-    from fedmerge.experiment.results import RunStore
+    from fedmerge.run import runner
+    from fedmerge.run.results import RunStore
 
     t0 = time.perf_counter()  # after the imports, which are the same at every N
     written: dict[int, int] = {}

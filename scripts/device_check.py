@@ -25,8 +25,8 @@ from pathlib import Path
 import torch
 
 from fedmerge.algorithms import ALGORITHMS
-from fedmerge.experiment.config import ConfigError, load_config
-from fedmerge.experiment.runner import run_experiment
+from fedmerge.config.schema import ConfigError, load_config
+from fedmerge.run.runner import run_experiment
 
 
 def last_acc(summary: dict) -> float:

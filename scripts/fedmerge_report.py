@@ -18,10 +18,10 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from fedmerge.experiment.config import load_config
-from fedmerge.experiment.plots import client_groups
-from fedmerge.experiment.results import RunStore
-from fedmerge.experiment.summary import cluster_recovery
+from fedmerge.config.schema import load_config
+from fedmerge.report.plot_merge_weights import client_groups
+from fedmerge.run.results import RunStore
+from fedmerge.run.summary import cluster_recovery
 
 SKIP_KEYS = {"output_dir", "name"}
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from livar_report import run_once, slug
 
-from fedmerge.experiment.results import RunStore
+from fedmerge.run.results import RunStore
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = {"Bible languages (3 clients)": "lora_bible_fedmerge.yaml", "WordNet topics": "lora_wordnet_fedmerge.yaml"}

@@ -18,8 +18,8 @@ import sys
 import time
 from pathlib import Path
 
-from fedmerge.experiment.config import load_config
-from fedmerge.experiment.runner import run_experiment
+from fedmerge.config.schema import load_config
+from fedmerge.run.runner import run_experiment
 
 ROOT = Path(__file__).resolve().parents[1]
 BETAS = (1.0, 0.5, 0.2)

@@ -27,11 +27,11 @@ import torch
 
 from fedmerge.algorithms import ALGORITHMS
 from fedmerge.algorithms.pfedmoe import PFedMoE
+from fedmerge.config.schema import load_config
 from fedmerge.core.algorithm import ClientContext
 from fedmerge.core.types import ClientState, Payload
-from fedmerge.experiment.config import load_config
-from fedmerge.experiment.runner import load_data
 from fedmerge.models import build_model
+from fedmerge.run.prepare import load_data
 
 DEFAULT = "configs/repro/fedmerge_wordnet_cluster6.yaml"
 REPORT = (1, 2, 3, 5, 10, 20, 30, 40, 50)

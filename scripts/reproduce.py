@@ -8,7 +8,7 @@ tuning grid (a product of values, plus optional ``extra_points``: explicit point
 The protocol, the same for every row:
 
 1. Regime check first: a central reference (one model per ground-truth group, or on all data for
-   label-skew partitions; ``fedmerge.experiment.regime``) per seed, against the tuned Local and FedAvg.
+   label-skew partitions; ``fedmerge.study.regime``) per seed, against the tuned Local and FedAvg.
    ``regime: {scope, max_epochs, lrs}`` sets how the reference trains: at most ``max_epochs`` epochs
    (default 40; a cap above the federated rows' rounds x local epochs can open gaps that measure only
    the longer training: ``studies/livar_wordnet_beta05_budget.yaml`` checks one such study at its
@@ -46,10 +46,10 @@ from typing import Any
 
 import yaml
 
-from fedmerge.experiment.config import ConfigError, first_config_difference, load_config
-from fedmerge.experiment.provenance import read_provenance, source_commit
-from fedmerge.experiment.regime import FEDAVG_GAP, LOCAL_GAP, central_reference, regime_check
-from fedmerge.experiment.runner import load_data
+from fedmerge.config.schema import ConfigError, first_config_difference, load_config
+from fedmerge.run.prepare import load_data
+from fedmerge.run.provenance import read_provenance, source_commit
+from fedmerge.study.regime import FEDAVG_GAP, LOCAL_GAP, central_reference, regime_check
 
 # --- the study ---------------------------------------------------------------------------------
 

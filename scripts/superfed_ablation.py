@@ -19,9 +19,9 @@ import torch
 from livar_report import run_once, slug
 from torch.nn import functional as F
 
+from fedmerge.config.schema import load_config
 from fedmerge.core.checkpoint import load_checkpoint
 from fedmerge.core.params import flatten
-from fedmerge.experiment.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 NUS = (0.0, 1.0, 2.0, 5.0)

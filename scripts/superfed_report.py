@@ -16,8 +16,8 @@ from pathlib import Path
 
 from livar_report import run_once, slug
 
-from fedmerge.experiment.config import load_config
-from fedmerge.experiment.plot_lambda import lambda_curve, plot_lambda, read_rows
+from fedmerge.config.schema import load_config
+from fedmerge.report.plot_lambda import lambda_curve, plot_lambda, read_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 METHODS: dict[str, list[str]] = {

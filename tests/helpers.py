@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from fedmerge.config.schema import load_config
 from fedmerge.core.checkpoint import load_checkpoint
-from fedmerge.experiment.config import load_config
-from fedmerge.experiment.results import RunStore
-from fedmerge.experiment.runner import run_experiment
-from fedmerge.experiment.summary import TIMING_KEYS
+from fedmerge.run.results import RunStore
+from fedmerge.run.runner import run_experiment
+from fedmerge.run.summary import TIMING_KEYS
 
 QUICK = ["rounds=4", "partition.num_clients=6", "algorithm.local_epochs=1"]
 

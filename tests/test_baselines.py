@@ -174,8 +174,8 @@ def test_stop_and_resume_is_bit_identical(tmp_path, case):
 def test_apfl_evaluates_the_output_mixture(tmp_path):
     from torch.func import functional_call
 
-    from fedmerge.experiment.runner import load_data
     from fedmerge.models import build_model
+    from fedmerge.run.prepare import load_data
 
     cfg = quick_config("algorithm.name=apfl", "algorithm.alpha=0.3", "rounds=2")
     res = run(cfg, tmp_path / "o")

@@ -6,8 +6,8 @@ from typer.testing import CliRunner
 
 from fedmerge.algorithms import ALGORITHMS
 from fedmerge.cli import app
+from fedmerge.config.schema import load_config
 from fedmerge.data import DATASETS, PARTITIONERS
-from fedmerge.experiment.config import load_config
 from fedmerge.models import MODELS
 
 CONFIGS = sorted((Path(__file__).parent.parent / "configs").glob("*.yaml"))

@@ -13,6 +13,7 @@ from safetensors.torch import save_file
 from typer.testing import CliRunner
 
 from fedmerge.cli import app
+from fedmerge.config.schema import load_config
 from fedmerge.data import ClientData, FederatedDataset
 from fedmerge.data.client_files import (
     FORMAT_VERSION,
@@ -23,8 +24,7 @@ from fedmerge.data.client_files import (
     load_client_file,
     load_client_files,
 )
-from fedmerge.experiment.config import load_config
-from fedmerge.experiment.runner import load_data
+from fedmerge.run.prepare import load_data
 
 # cluster partition: clients carry a group; label noise: files carry y_train_clean too
 OVERRIDES = [
@@ -219,7 +219,7 @@ def test_cli_bad_input_is_one_line(tmp_path, args, needle):
 
 def test_cli_refuses_a_non_empty_folder_before_building_the_data(tmp_path, monkeypatch):
     (tmp_path / "keep.txt").write_text("mine")
-    monkeypatch.setattr("fedmerge.experiment.runner.load_data", lambda cfg: pytest.fail("data was built"))
+    monkeypatch.setattr("fedmerge.run.runner.load_data", lambda cfg: pytest.fail("data was built"))
     result = CliRunner().invoke(app, ["export-clients", "partition.num_clients=2", str(tmp_path)])
     assert result.exit_code == 2 and "--force" in result.output
     assert [p.name for p in tmp_path.iterdir()] == ["keep.txt"]

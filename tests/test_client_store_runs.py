@@ -15,7 +15,7 @@ from fedmerge.cli import app
 from fedmerge.core.checkpoint import load_checkpoint
 from fedmerge.core.state_store import StateStore
 from fedmerge.core.types import Record
-from fedmerge.experiment.runner import run_experiment
+from fedmerge.run.runner import run_experiment
 
 # 24 clients, 12 per round, every client evaluated: a cache of 10 states evicts all the time
 DITTO = ["algorithm.name=ditto", "partition.num_clients=24", "participation=0.5", "rounds=4"]

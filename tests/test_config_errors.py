@@ -5,7 +5,7 @@ import pytest
 from typer.testing import CliRunner
 
 from fedmerge.cli import app
-from fedmerge.experiment.config import ConfigError, load_config
+from fedmerge.config.schema import ConfigError, load_config
 
 BAD = [
     (["rounds=-1"], "rounds:"),

@@ -6,10 +6,10 @@ import pytest
 import torch
 from helpers import assert_runs_identical, quick_config, run
 
+from fedmerge.config.schema import ConfigError, load_config
 from fedmerge.core.checkpoint import load_checkpoint
 from fedmerge.core.loop import Schedule
-from fedmerge.experiment.config import ConfigError, load_config
-from fedmerge.experiment.results import RunStore
+from fedmerge.run.results import RunStore
 
 
 def evaluated(run_dir) -> list[list[int]]:

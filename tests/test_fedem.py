@@ -9,9 +9,10 @@ from fedmerge.algorithms.fedem import FedEM, e_step, mixture_log_probs, weighted
 from fedmerge.core.algorithm import ClientContext
 from fedmerge.core.checkpoint import load_checkpoint
 from fedmerge.core.training import LocalTraining, local_sgd
-from fedmerge.experiment.plots import client_groups
-from fedmerge.experiment.runner import load_data, run_experiment
 from fedmerge.models import build_model
+from fedmerge.report.plot_merge_weights import client_groups
+from fedmerge.run.prepare import load_data
+from fedmerge.run.runner import run_experiment
 
 SMALL = ["dataset.max_samples=600"]
 

@@ -12,13 +12,14 @@ from torch.nn import functional as F
 
 from fedmerge.algorithms import merging
 from fedmerge.algorithms.fedmerge import FedMerge, FedMergeConfig, FlatLayout
+from fedmerge.config.schema import load_config
 from fedmerge.core.params import flatten
 from fedmerge.core.types import ServerState, Update
-from fedmerge.experiment.config import load_config
-from fedmerge.experiment.results import RunStore
-from fedmerge.experiment.runner import load_data, run_experiment
-from fedmerge.experiment.summary import build_summary
 from fedmerge.models import build_model
+from fedmerge.run.prepare import load_data
+from fedmerge.run.results import RunStore
+from fedmerge.run.runner import run_experiment
+from fedmerge.run.summary import build_summary
 
 S, D, M = 4, 3, 6  # selected clients, global models, all clients
 

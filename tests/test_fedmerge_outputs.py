@@ -5,9 +5,9 @@ from helpers import quick_config, run
 from typer.testing import CliRunner
 
 from fedmerge.cli import app
-from fedmerge.experiment.plots import client_groups, pick_rounds
-from fedmerge.experiment.results import RunStore
-from fedmerge.experiment.summary import build_summary, cluster_recovery, parameter_budget
+from fedmerge.report.plot_merge_weights import client_groups, pick_rounds
+from fedmerge.run.results import RunStore
+from fedmerge.run.summary import build_summary, cluster_recovery, parameter_budget
 
 CLUSTER = [
     "partition.name=cluster",

@@ -16,8 +16,8 @@ import torch
 from torch import nn
 
 from fedmerge.algorithms.fedmerge import FedMerge, FedMergeConfig
+from fedmerge.config.schema import ConfigError, load_config
 from fedmerge.core.types import ServerState, Update
-from fedmerge.experiment.config import ConfigError, load_config
 
 
 def tiny_model(generator: torch.Generator) -> nn.Module:

@@ -315,11 +315,12 @@ def test_tls_authenticated_deployment_with_node_owned_data_and_state_survives_ki
     namespaces exist (root, iproute2), the SuperLink and each SuperNode run in their own (``Network``)."""
     import re
 
+    from fedmerge.config.schema import load_config
     from fedmerge.data.client_files import export_clients
     from fedmerge.engines.flower.__main__ import write_app
-    from fedmerge.experiment.config import load_config
-    from fedmerge.experiment.results import RunStore
-    from fedmerge.experiment.runner import load_data, run_experiment
+    from fedmerge.run.prepare import load_data
+    from fedmerge.run.results import RunStore
+    from fedmerge.run.runner import run_experiment
 
     procs, home = deployment
     source = make_dataset(tmp_path)

@@ -17,9 +17,9 @@ import torch
 from helpers import assert_runs_identical, quick_config, run
 
 from fedmerge.algorithms.fedavg import FedAvg, FedAvgConfig
+from fedmerge.config.schema import experiment_model, load_config
 from fedmerge.core.algorithm import ALGORITHMS
-from fedmerge.experiment.config import experiment_model, load_config
-from fedmerge.experiment.results import RunStore
+from fedmerge.run.results import RunStore
 
 flwr = pytest.importorskip("flwr", reason="Flower absent: pip install -e '.[flower]'")
 
@@ -71,8 +71,8 @@ SMALL_SUPERFED = ["rounds=2", "eval_every=2", "partition.num_clients=5", "algori
 def twonn_gradients(threads: int) -> list[torch.Tensor]:
     from torch.nn import functional as F
 
-    from fedmerge.experiment.runner import load_data
     from fedmerge.models import build_model
+    from fedmerge.run.prepare import load_data
 
     torch.set_num_threads(threads)
     cfg = load_config(SUPERFED, SMALL_SUPERFED)
@@ -226,7 +226,7 @@ def test_resume_restores_client_state_into_fresh_supernodes(tmp_path, task_ident
     full = run(quick_config(*SMALL, *algo), tmp_path / "full")
     cfg = quick_config(*SMALL, *algo, "engine=flower")
     run(cfg, tmp_path / "cut", grid=FakeGrid(4), stop_after=2)
-    from fedmerge.experiment.runner import run_experiment
+    from fedmerge.run.runner import run_experiment
 
     resumed = run_experiment(cfg, tmp_path / "cut", resume=True, show_progress=False, grid=FakeGrid(4))
     assert_runs_identical(full.run_dir, resumed.run_dir)

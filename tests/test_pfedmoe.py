@@ -9,8 +9,9 @@ from fedmerge.algorithms import ALGORITHMS
 from fedmerge.algorithms.pfedmoe import Gate, PFedMoE, gate_init
 from fedmerge.core.algorithm import ClientContext
 from fedmerge.core.checkpoint import load_checkpoint
-from fedmerge.experiment.runner import load_data, run_experiment
 from fedmerge.models import build_model
+from fedmerge.run.prepare import load_data
+from fedmerge.run.runner import run_experiment
 
 SMALL = ["dataset.max_samples=600"]
 

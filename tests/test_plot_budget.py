@@ -3,7 +3,7 @@
 import pytest
 from helpers import quick_config, run
 
-from fedmerge.experiment.plot_budget import budget_point, plot_budget
+from fedmerge.report.plot_budget import budget_point, plot_budget
 
 TINY = ["rounds=1", "partition.num_clients=4", "dataset.max_samples=300"]
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import yaml
 from helpers import quick_config, run
 
-from fedmerge.experiment.plot_budget import budget_figure, budget_point, group_points, log_ticks
-from fedmerge.experiment.plots import merge_weight_snapshots, pick_rounds, plot_merge_weights
-from fedmerge.experiment.runner import load_data
+from fedmerge.report.plot_budget import budget_figure, budget_point, group_points, log_ticks
+from fedmerge.report.plot_merge_weights import merge_weight_snapshots, pick_rounds, plot_merge_weights
+from fedmerge.run.prepare import load_data
 
 
 def fake_run(root: Path, name: str, algorithm: str, dataset: str, partition: dict, server: float, acc: float) -> Path:

@@ -11,7 +11,7 @@ from helpers import assert_runs_identical, quick_config, run, strip_timing
 from fedmerge.core.loop import Schedule
 from fedmerge.data.federated import ClientData, FederatedDataset
 from fedmerge.data.views import PooledClients
-from fedmerge.experiment.runner import _pooled_test
+from fedmerge.run.engine_setup import pooled_test_of
 
 
 def _pooled(num_clients: int = 12, per_client: int = 20) -> PooledClients:
@@ -62,11 +62,11 @@ def test_global_test_of_a_sampled_evaluation_is_the_sample_s_test_splits():
     data = FederatedDataset(_copies(_pooled()), 3, (6,), "pooled")
     cfg = quick_config("partition.num_clients=12", "eval_clients=sample:4", "model.name=mlp")
     sample = Schedule(cfg.rounds, 12, seed=cfg.seed, eval_clients="sample:4").evaluated(1, [])
-    x, y = _pooled_test(cfg, data)()
+    x, y = pooled_test_of(cfg, data)()
     assert len(sample) == 4 and len(y) == 16
     assert torch.equal(x, torch.cat([data.clients[c].x_test for c in sample]))
     assert torch.equal(y, torch.cat([data.clients[c].y_test for c in sample]))
-    every = _pooled_test(quick_config("partition.num_clients=12", "model.name=mlp"), data)()
+    every = pooled_test_of(quick_config("partition.num_clients=12", "model.name=mlp"), data)()
     assert len(every[1]) == 48  # all: every client's test split, as before
 
 

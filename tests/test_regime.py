@@ -12,8 +12,8 @@ import torch
 
 from fedmerge.core.training import LocalTraining
 from fedmerge.data.federated import ClientData, FederatedDataset
-from fedmerge.experiment.provenance import read_provenance
-from fedmerge.experiment.regime import central_reference, regime_check
+from fedmerge.run.provenance import read_provenance
+from fedmerge.study.regime import central_reference, regime_check
 
 
 def contradicting_groups(n_per_client: int = 120) -> FederatedDataset:

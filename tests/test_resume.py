@@ -5,7 +5,7 @@ from helpers import assert_runs_identical, kill_9_run_after, quick_config, resum
 from typer.testing import CliRunner
 
 from fedmerge.cli import app
-from fedmerge.experiment.runner import run_experiment
+from fedmerge.run.runner import run_experiment
 
 CASES = {
     "fedavg": [],
@@ -61,7 +61,7 @@ def test_kill_9_mid_round_then_resume_is_bit_identical(tmp_path):
     ]
     run_dir = kill_9_run_after(overrides, tmp_path, rounds_logged=2)
     resume_in_process(run_dir)
-    from fedmerge.experiment.config import load_config
+    from fedmerge.config.schema import load_config
 
     full = run(load_config(None, overrides), tmp_path / "full")
     assert_runs_identical(full.run_dir, run_dir)

@@ -8,7 +8,7 @@ from helpers import assert_runs_identical, quick_config, run
 
 from fedmerge.algorithms.superfed import cos_squared, layer_of, prox_term, sample_lambdas
 from fedmerge.core.checkpoint import load_checkpoint
-from fedmerge.experiment.plot_lambda import lambda_curve, plot_lambda, read_rows
+from fedmerge.report.plot_lambda import lambda_curve, plot_lambda, read_rows
 
 LINE = [f"lambda={i / 10:g}" for i in range(11)]
 

@@ -12,14 +12,14 @@ import yaml
 from typer.testing import CliRunner
 
 from fedmerge.cli import app
-from fedmerge.experiment.compare import DONE, FAILED, RunRecord, compare, paired_p_value, to_csv, to_markdown
-from fedmerge.experiment.config import ConfigError
-from fedmerge.experiment.provenance import read_provenance
-from fedmerge.experiment.runner import run_experiment
-from fedmerge.experiment.sweep import cores, prepare, sweep_records
-from fedmerge.experiment.sweep_progress import eta_seconds, format_duration
-from fedmerge.experiment.sweep_spec import expand, spec_from_args
-from fedmerge.experiment.tuned import load_tuned_config
+from fedmerge.config.schema import ConfigError
+from fedmerge.config.tuned import load_tuned_config
+from fedmerge.report.compare import DONE, FAILED, RunRecord, compare, paired_p_value, to_csv, to_markdown
+from fedmerge.run.provenance import read_provenance
+from fedmerge.run.runner import run_experiment
+from fedmerge.sweep.progress import eta_seconds, format_duration
+from fedmerge.sweep.runner import cores, prepare, sweep_records
+from fedmerge.sweep.spec import expand, spec_from_args
 
 TINY = ["rounds=2", "partition.num_clients=4", "algorithm.local_epochs=1"]
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from fedmerge.experiment.config import load_config, to_yaml
-from fedmerge.experiment.results import RunStore
-from fedmerge.experiment.runner import config_digest, run_experiment
+from fedmerge.config.schema import load_config, to_yaml
+from fedmerge.run.results import RunStore
+from fedmerge.run.resume import config_digest
+from fedmerge.run.runner import run_experiment
 
 TINY = ["rounds=3", "partition.num_clients=4", "algorithm.local_epochs=1", "threads=1"]
 

@@ -8,10 +8,10 @@ import yaml
 from typer.testing import CliRunner
 
 from fedmerge.cli import app
-from fedmerge.experiment import runner
-from fedmerge.experiment.config import ConfigError, load_config
-from fedmerge.experiment.tune import Param, default_space, load_space_file, space_for
-from fedmerge.experiment.tuned import load_tuned_config
+from fedmerge.config.schema import ConfigError, load_config
+from fedmerge.config.tuned import load_tuned_config
+from fedmerge.run import runner
+from fedmerge.sweep.tune import Param, default_space, load_space_file, space_for
 
 optuna = pytest.importorskip("optuna", reason="pip install -e '.[tune]'")
 

@@ -15,12 +15,13 @@ from helpers import quick_config, run
 from typer.testing import CliRunner
 
 from fedmerge.cli import app
+from fedmerge.config.schema import ConfigError
 from fedmerge.core.checkpoint import CheckpointError
 from fedmerge.core.loop import RoundFailed, Schedule, run_rounds, screen_updates
 from fedmerge.core.types import Payload, ServerState, Update
-from fedmerge.experiment.config import ConfigError
-from fedmerge.experiment.results import RunStore
-from fedmerge.experiment.runner import check_compatibility, run_experiment
+from fedmerge.run.prepare import check_compatibility
+from fedmerge.run.results import RunStore
+from fedmerge.run.runner import run_experiment
 
 CONFIGS = Path(__file__).parent.parent / "configs"
 
@@ -378,8 +379,8 @@ def test_list_kind_name_prints_every_key_with_type_default_and_description(monke
 
 
 def test_every_component_and_section_documents_every_key():
-    from fedmerge.experiment import catalog
-    from fedmerge.experiment.schema_docs import describe
+    from fedmerge.config import catalog
+    from fedmerge.config.schema_docs import describe
 
     for kind, registry in catalog.REGISTRIES.items():
         for entry in registry.entries():
@@ -431,7 +432,7 @@ def test_unknown_keys_name_the_nearest_valid_ones(overrides, needle):
 
 
 def test_run_folder_is_named_after_the_resolved_config(tmp_path):
-    from fedmerge.experiment.config import load_config
+    from fedmerge.config.schema import load_config
 
     assert load_config(None, ["algorithm.name=fedprox"]).name == "fedprox-digits"
     assert load_config(None, ["algorithm.name=fedprox", "name=mine"]).name == "mine"
@@ -449,7 +450,7 @@ def test_run_folder_is_named_after_the_resolved_config(tmp_path):
 
 def test_a_bug_prints_one_error_and_saves_the_traceback(tmp_path, monkeypatch, capsys):
     import fedmerge.cli as cli
-    import fedmerge.experiment.runner as runner
+    import fedmerge.run.runner as runner
 
     def broken(*args, **kwargs):
         raise RuntimeError("mixed dtype (CPU): all inputs must share same datatype.\nsecond line")

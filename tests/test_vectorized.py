@@ -15,11 +15,11 @@ from fedmerge.algorithms.fedavg import FedAvg, FedAvgConfig
 from fedmerge.algorithms.fedmerge import FedMerge, FedMergeConfig
 from fedmerge.algorithms.fedprox import FedProx, FedProxConfig
 from fedmerge.algorithms.local import Local, LocalConfig
+from fedmerge.config.schema import ConfigError
 from fedmerge.core.seeding import torch_generator
 from fedmerge.engines.local import LocalEngine
 from fedmerge.engines.vectorized import vectorize_problem
-from fedmerge.experiment.config import ConfigError
-from fedmerge.experiment.results import RunStore
+from fedmerge.run.results import RunStore
 
 # Batched kernels sum in other orders: after 2 rounds of 6 momentum steps the parameters agree to
 # about 1e-7 here; the bound leaves room for other BLAS builds.

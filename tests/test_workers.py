@@ -16,12 +16,12 @@ from typer.testing import CliRunner
 
 from fedmerge.algorithms.fedavg import FedAvg, FedAvgConfig
 from fedmerge.cli import app
+from fedmerge.config.schema import ConfigError, experiment_model, load_config
 from fedmerge.core.algorithm import ALGORITHMS
 from fedmerge.core.loop import RoundFailed
 from fedmerge.engines import workers
 from fedmerge.engines.workers import Channel
-from fedmerge.experiment.config import ConfigError, experiment_model, load_config
-from fedmerge.experiment.runner import run_experiment
+from fedmerge.run.runner import run_experiment
 
 # The TwoNN of the shipped SuPerFed config, 5 clients x 2 classes: big enough for multi-threaded kernels.
 SUPERFED = Path(__file__).parent.parent / "configs" / "superfed_digits_pathological.yaml"

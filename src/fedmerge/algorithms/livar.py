@@ -3,7 +3,7 @@
 Clients train exactly as in FedAvg (FedIT on a LoRA model) and send two signals they get for free:
 
 - per LoRA layer l, the path-integral importances ``s_A^l, s_B^l`` (running sums of
-  ``|sum(g * parameter update)|`` over the optimiser steps, see ``_importance.py``);
+  ``|sum(g * parameter update)|`` over the optimiser steps, see ``importance.py``);
 - per class c, ``sigma^(c)``: the per-dimension variance of penultimate features over the
   correctly classified training samples of c, averaged over dimensions (after training, eval mode).
 
@@ -44,10 +44,10 @@ from fedmerge.core.types import ClientState, Payload, ServerState, Update
 
 from ._ccvr import CCVRSettings, calibrate_head
 from ._features import class_moments, features_and_logits, linear_head, take_prefix, with_prefix
-from ._importance import PathIntegralImportance, lora_layers
 from ._personal import head_prefix, is_head
-from ._shap_table import ShapTable, layer_coefficients
 from .base import StatisticsAlgorithm, model_weights, train_received
+from .importance import PathIntegralImportance, lora_layers
+from .shap_table import ShapTable, layer_coefficients
 
 STATS = "livar."
 CCVR_STATS = "ccvr."

@@ -35,6 +35,23 @@ class Engine(Protocol):
 
     def load_client_states(self, states: dict[int, ClientState]) -> None: ...
 
+    # What a run asks of an engine besides the rounds (``fedmerge.run``): one protocol, no probing.
+    on_client_done: Callable[[int], None] | None
+    """Called with a client id as each client's work in a round finishes (progress display)."""
+
+    def checkpoint_meta(self, keep: int) -> dict[str, Any]:
+        """What a checkpoint must hold of this engine (a deployed Flower server: its nodes' state rounds);
+        ``keep``: how many checkpoints the run keeps."""
+        ...
+
+    def restore(self, meta: dict[str, Any]) -> None:
+        """Take back what :meth:`checkpoint_meta` gave, when a run resumes from that checkpoint."""
+        ...
+
+    def pop_failures(self) -> list[dict[str, Any]]:
+        """The clients dropped since the last call (``{"round", "cid", "reason"}``), then forget them."""
+        ...
+
 
 EVAL_CLIENTS_HELP = "all, participants (that round's) or sample:K (K clients, the same in every round and method)"
 

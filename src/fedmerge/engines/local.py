@@ -82,6 +82,16 @@ class LocalEngine:
     def load_client_states(self, states: dict[int, ClientState]) -> None:
         self._states = MemoryStates({cid: s.to(self.device) for cid, s in states.items()})
 
+    # --- what a run asks besides the rounds (core.loop.Engine) ---------------------------
+    def checkpoint_meta(self, keep: int) -> dict[str, Any]:
+        return {}  # every client state is in this process: the checkpoint holds them itself
+
+    def restore(self, meta: dict[str, Any]) -> None:
+        pass
+
+    def pop_failures(self) -> list[dict[str, Any]]:
+        return []  # a client that raises here is a bug and stops the run; the round loop drops bad updates
+
     def _context(self, rnd: int, cid: int, purpose: str) -> ClientContext:
         # Seed torch's global RNG per (round, client) too, so any module that draws from it
         # (e.g. dropout) is reproducible and independent of client order.

@@ -25,8 +25,8 @@ dependencies = ["flwr==1.41.*", "fedmerge"]
 publisher = "fedmerge"
 
 [tool.flwr.app.components]
-serverapp = "fedmerge.engines.flower.app:server_app"
-clientapp = "fedmerge.engines.flower.app:client_app"
+serverapp = "fedmerge.apps.flower:server_app"
+clientapp = "fedmerge.apps.flower:client_app"
 
 [tool.flwr.app.config]
 config = ""

@@ -6,15 +6,9 @@ from __future__ import annotations
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
-from .protocol import DEPLOYMENT, JOB
+from .protocol import DEPLOYMENT, JOB, partition_id
 
 app = ClientApp()
-
-
-def partition_id(context: Context) -> int:
-    if "partition-id" not in context.node_config:
-        raise ValueError("this SuperNode has no partition-id; start it with --node-config partition-id=N")
-    return int(context.node_config["partition-id"])
 
 
 @app.query()
@@ -35,7 +29,7 @@ def query(msg: Message, context: Context) -> Message:
         except (ClientFileError, NodeConfigError) as exc:
             answer["error"] = str(exc).splitlines()[0]
     else:
-        answer["partition_id"] = partition_id(context)
+        answer["partition_id"] = partition_id(dict(context.node_config))
     return Message(RecordDict({JOB: ConfigRecord(answer)}), reply_to=msg)
 
 

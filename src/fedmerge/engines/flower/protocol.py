@@ -1,5 +1,9 @@
 """Keys of the records exchanged by the ServerApp and the ClientApp (kept import-light)."""
 
+from __future__ import annotations
+
+from typing import Any
+
 JOB = "fedmerge.job"  # ConfigRecord: round, cid, client job (JSON), algorithm module, mode, state rounds
 PAYLOAD = "payload"  # server -> client: the client's own Payload
 UPDATE = "update"  # client -> server: the Update
@@ -12,3 +16,10 @@ STATE_KEY = "fedmerge.client_state"  # simulation: in context.state, ConfigRecor
 # own client file and keeps its own state store; neither data config nor client state travels.
 SIMULATION = "simulation"
 DEPLOYMENT = "deployment"
+
+
+def partition_id(node_config: dict[str, Any]) -> int:
+    """The client id a simulated SuperNode serves (its ``partition-id``, set by the simulation)."""
+    if "partition-id" not in node_config:
+        raise ValueError("this SuperNode has no partition-id; start it with --node-config partition-id=N")
+    return int(node_config["partition-id"])

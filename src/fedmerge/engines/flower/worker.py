@@ -36,10 +36,9 @@ from fedmerge.engines.local import LocalEngine
 from fedmerge.engines.memory import keep_freed_memory
 from fedmerge.engines.workers import set_threads
 
-from .client import partition_id
 from .job import build_data, parse_sections
 from .node import NodeSettings, node_data, node_meta, node_settings
-from .protocol import DEPLOYMENT, JOB, METRICS, PAYLOAD, SIMULATION, STATE, STATE_KEY, UPDATE
+from .protocol import DEPLOYMENT, JOB, METRICS, PAYLOAD, SIMULATION, STATE, STATE_KEY, UPDATE, partition_id
 from .records import get_record, has_record, put_record, state_from_config, state_to_config
 
 
@@ -130,7 +129,7 @@ def _prepare(msg: Message, context: Context, phase: str, store_scope: Any) -> _C
         state = store.get(cid)
         _note(cid, rnd, phase, store.round_of(cid), state)
     else:
-        cid = partition_id(context)
+        cid = partition_id(dict(context.node_config))
         if int(job["cid"]) != cid:
             raise ValueError(f"message for client {job['cid']} reached the SuperNode of partition {cid}")
         worker = _worker(job, None)

@@ -5,7 +5,7 @@ SWEEP_DIR/index.json      every point: its folder key, method, setting, seed and
 SWEEP_DIR/runs/KEY/       one ordinary run folder per point (config.yaml, metrics.jsonl, provenance.jsonl, ...)
 SWEEP_DIR/logs/KEY.log    what each attempt of that run printed
 SWEEP_DIR/status.jsonl    one line per finished attempt: done, failed (with its error line) or interrupted
-SWEEP_DIR/results.md|csv  the comparison tables (``fedmerge.experiment.compare``)
+SWEEP_DIR/results.md|csv  the comparison tables (``fedmerge.report.compare``)
 
 Each run is one ``fedmerge run ... --run-dir SWEEP_DIR/runs/KEY`` process, so its provenance holds
 a command that reproduces it alone. Running the sweep again skips finished runs, continues
@@ -30,20 +30,16 @@ from typing import Any
 
 import yaml
 
+from fedmerge.config.schema import ConfigError, first_config_difference, load_config, make_folder
 from fedmerge.core.checkpoint import atomic_write_bytes
-
-from .compare import DONE, FAILED, INCOMPLETE, PENDING, RunRecord, SettingTable, compare, to_csv, to_markdown
-from .config import ConfigError, first_config_difference, load_config, make_folder
-from .results import CONFIG_FILE, METRICS_FILE, SUMMARY_FILE
-from .sweep_spec import SweepPoint, SweepSpec, expand
+from fedmerge.run.results import CONFIG_FILE, DONE, FAILED, INCOMPLETE, METRICS_FILE, PENDING, SUMMARY_FILE, RunRecord
+from fedmerge.sweep.spec import SweepPoint, SweepSpec, expand
 
 SPEC_FILE = "sweep.yaml"
 INDEX_FILE = "index.json"
 STATUS_FILE = "status.jsonl"
 RUNS_DIR = "runs"
 LOGS_DIR = "logs"
-RESULTS_MD = "results.md"
-RESULTS_CSV = "results.csv"
 INTERRUPTED = "interrupted"
 
 Notify = Callable[[str], None]
@@ -274,11 +270,3 @@ def sweep_records(sweep_dir: str | Path) -> list[RunRecord]:
         folder = run_dir if run_dir.is_dir() else None
         records.append(RunRecord(p["key"], p["method"], p["setting"], p["seed"], state, folder, summary, error))
     return records
-
-
-def write_results(sweep_dir: str | Path) -> list[SettingTable]:
-    sweep_dir = Path(sweep_dir)
-    tables = compare(sweep_records(sweep_dir))
-    atomic_write_bytes(sweep_dir / RESULTS_MD, to_markdown(tables, f"Sweep {sweep_dir.name}").encode())
-    atomic_write_bytes(sweep_dir / RESULTS_CSV, to_csv(tables).encode())
-    return tables

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
+from fedmerge.config.schema import COMPONENT_SECTIONS, FlowerSettings, LogSettings, RunSettings, StateSettings
+from fedmerge.config.schema_docs import did_you_mean
 from fedmerge.core.registry import Registry
 from fedmerge.data import NoiseConfig, SplitConfig
-
-from .config import COMPONENT_SECTIONS, FlowerSettings, LogSettings, RunSettings, StateSettings
-from .schema_docs import did_you_mean
 
 REGISTRIES: dict[str, Registry] = COMPONENT_SECTIONS
 SECTIONS: dict[str, type[BaseModel]] = {

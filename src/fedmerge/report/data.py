@@ -14,10 +14,10 @@ from typing import Any
 import numpy as np
 import yaml
 
-from .compare import DONE, INCOMPLETE, RunRecord
-from .plot_budget import run_setting, setting_labels
-from .results import CONFIG_FILE, SUMMARY_FILE, RunStore
-from .sweep import INDEX_FILE, is_sweep_dir, sweep_records
+from fedmerge.report.compare import DONE, INCOMPLETE, RunRecord
+from fedmerge.report.plot_budget import run_setting, setting_labels
+from fedmerge.run.results import CONFIG_FILE, SUMMARY_FILE, RunStore
+from fedmerge.sweep.runner import INDEX_FILE, is_sweep_dir, sweep_records
 
 
 class NoRuns(ValueError):

@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from .config import ConfigError, load_config, read_yaml
+from fedmerge.config.schema import ConfigError, load_config, read_yaml
 
 
 def load_tuned(path: str | Path) -> dict[str, Any]:

@@ -16,13 +16,11 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
 
 from fedmerge.algorithms import ALGORITHMS
+from fedmerge.config.schema_docs import did_you_mean, keys_at
 from fedmerge.core.loop import EVAL_CLIENTS_HELP, parse_eval_clients
 from fedmerge.core.registry import Registry
 from fedmerge.data import DATASETS, PARTITIONERS, NoiseConfig, SplitConfig
 from fedmerge.models import MODELS
-
-from .results import CONFIG_FILE
-from .schema_docs import did_you_mean, keys_at
 
 DEFAULT_CONFIG: dict[str, Any] = {
     "seed": 0,
@@ -33,6 +31,9 @@ DEFAULT_CONFIG: dict[str, Any] = {
     "algorithm": {"name": "fedavg", "lr": 0.2, "local_epochs": 2, "batch_size": 32},
 }
 
+
+# the validated config a run folder holds (written by fedmerge.run, read back on resume)
+CONFIG_FILE = "config.yaml"
 
 RUN_NAME = re.compile(r"^[A-Za-z0-9_.+-]+$")
 

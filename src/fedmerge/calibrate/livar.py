@@ -27,17 +27,16 @@ import numpy as np
 import torch
 from pydantic import BaseModel
 
-from fedmerge.algorithms._importance import PathIntegralImportance, lora_layers
-from fedmerge.algorithms._shap_table import ShapTable, bins_against
 from fedmerge.algorithms.base import train_received
+from fedmerge.algorithms.importance import PathIntegralImportance, lora_layers
+from fedmerge.algorithms.shap_table import ShapTable, bins_against
+from fedmerge.config.schema import ConfigError, make_folder
 from fedmerge.core.algorithm import ClientContext
 from fedmerge.core.seeding import torch_generator
 from fedmerge.core.training import LocalTraining
 from fedmerge.engines.workers import set_threads
 from fedmerge.models import build_model
-
-from .config import ConfigError, make_folder
-from .runner import load_data, resolve_device
+from fedmerge.run.prepare import load_data, resolve_device
 
 MIN_CELL = 1e-3  # cells are normalised into merge weights: keep every one positive
 

@@ -14,25 +14,12 @@ import io
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-DONE, FAILED, INCOMPLETE, PENDING = "done", "failed", "incomplete", "pending"
-
-
-@dataclass
-class RunRecord:
-    """One run as a comparison sees it."""
-
-    key: str
-    method: str
-    setting: str
-    seed: int
-    status: str  # DONE, FAILED, INCOMPLETE (stopped before its end), PENDING (not started)
-    run_dir: Path | None = None
-    summary: dict[str, Any] | None = None
-    error: str | None = None
+from fedmerge.core.checkpoint import atomic_write_bytes
+from fedmerge.run.results import DONE, FAILED, INCOMPLETE, PENDING, RunRecord  # noqa: F401  (re-exported)
+from fedmerge.sweep.runner import sweep_records
 
 
 @dataclass
@@ -265,3 +252,17 @@ def to_csv(tables: list[SettingTable]) -> str:
                 ]
             )
     return buf.getvalue()
+
+
+# --- a sweep's tables ---------------------------------------------------------------------
+
+RESULTS_MD = "results.md"
+RESULTS_CSV = "results.csv"
+
+
+def write_results(sweep_dir: str | Path) -> list[SettingTable]:
+    sweep_dir = Path(sweep_dir)
+    tables = compare(sweep_records(sweep_dir))
+    atomic_write_bytes(sweep_dir / RESULTS_MD, to_markdown(tables, f"Sweep {sweep_dir.name}").encode())
+    atomic_write_bytes(sweep_dir / RESULTS_CSV, to_csv(tables).encode())
+    return tables

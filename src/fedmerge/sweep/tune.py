@@ -26,11 +26,10 @@ import yaml
 from annotated_types import Ge, Gt, Le, Lt
 from pydantic import BaseModel
 
+from fedmerge.config.schema import ConfigError, load_config, make_folder, read_yaml
 from fedmerge.core.loop import RoundFailed
-
-from .config import ConfigError, load_config, make_folder, read_yaml
-from .results import CHECKPOINT_DIR
-from .runner import run_experiment
+from fedmerge.run.results import CHECKPOINT_DIR
+from fedmerge.run.runner import run_experiment
 
 INSTALL_HINT = "fedmerge tune needs Optuna: pip install -e '.[tune]'"
 BEST_FILE = "best.yaml"

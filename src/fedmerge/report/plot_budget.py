@@ -24,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from .results import CONFIG_FILE, SUMMARY_FILE
+from fedmerge.run.results import CONFIG_FILE, SUMMARY_FILE
 
 AXES = (
     ("server", "server parameters"),

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .config import ConfigError
+from fedmerge.config.schema import ConfigError
 
 INSTALL_HINT = "log.tensorboard needs TensorBoard: pip install -e '.[tensorboard]'"
 FOLDER = "tensorboard"

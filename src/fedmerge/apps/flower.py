@@ -23,7 +23,7 @@ import shlex
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from .client import app as client_app
+from fedmerge.engines.flower.client import app as client_app
 
 log = logging.getLogger(__name__)
 server_app = ServerApp()
@@ -31,11 +31,12 @@ server_app = ServerApp()
 
 @server_app.main()
 def main(grid: Grid, context: Context) -> None:
+    from fedmerge.config.schema import ConfigError
     from fedmerge.core.checkpoint import CheckpointError
     from fedmerge.core.loop import RoundFailed
     from fedmerge.data import DataUnavailable
-    from fedmerge.experiment.config import ConfigError
-    from fedmerge.experiment.runner import RESUME_OVERRIDABLE, run_from_files
+    from fedmerge.run.resume import RESUME_OVERRIDABLE
+    from fedmerge.run.runner import run_from_files
 
     rc = context.run_config
     overrides = [*shlex.split(str(rc.get("overrides", ""))), "engine=flower"]

@@ -8,8 +8,8 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn
 
-from .compare import DONE, FAILED
-from .sweep import INTERRUPTED, Outcome, SweepRunner
+from fedmerge.run.results import DONE, FAILED
+from fedmerge.sweep.runner import INTERRUPTED, Outcome, SweepRunner
 
 
 def eta_seconds(elapsed: float, done_work: float, remaining_work: float) -> float | None:

@@ -18,9 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .compare import COLUMNS, DONE, FAILED, RunRecord, SettingTable, compare, row_cells
-from .provenance import package_version, read_provenance
-from .report_data import (
+from fedmerge.report.compare import COLUMNS, DONE, FAILED, RunRecord, SettingTable, compare, row_cells
+from fedmerge.report.data import (
     band,
     client_accuracies,
     find_runs,
@@ -28,7 +27,8 @@ from .report_data import (
     has_merge_weights,
     learning_curve,
 )
-from .results import CONFIG_FILE
+from fedmerge.run.provenance import package_version, read_provenance
+from fedmerge.run.results import CONFIG_FILE
 
 TEMPLATE_DIR = Path(__file__).parent / "templates"
 
@@ -188,8 +188,8 @@ def _clients_figure(records: list[RunRecord], colors: dict[str, str]) -> str:
 
 
 def _partition_png(record: RunRecord) -> str:
-    from .config import load_config
-    from .runner import load_data
+    from fedmerge.config.schema import load_config
+    from fedmerge.run.prepare import load_data
 
     data = load_data(load_config(record.run_dir / CONFIG_FILE))
     return png_of(data.summary_figure())
@@ -197,7 +197,7 @@ def _partition_png(record: RunRecord) -> str:
 
 def _budget_png(records: list[RunRecord]) -> str:
     """``fedmerge plot budget``'s figure with one point per method and setting: the seeds' mean."""
-    from .plot_budget import AXES, budget_figure, budget_point
+    from fedmerge.report.plot_budget import AXES, budget_figure, budget_point
 
     groups: dict[str, list[dict[str, Any]]] = {}
     for r in records:
@@ -209,13 +209,13 @@ def _budget_png(records: list[RunRecord]) -> str:
 
 
 def _merge_png(run_dir: Path) -> str:
-    from .plots import plot_merge_weights
+    from fedmerge.report.plot_merge_weights import plot_merge_weights
 
     return _png_file(lambda path: plot_merge_weights(run_dir, path))
 
 
 def _lambda_png(run_dir: Path) -> str:
-    from .plot_lambda import plot_lambda
+    from fedmerge.report.plot_lambda import plot_lambda
 
     return _png_file(lambda path: plot_lambda(run_dir, path))
 

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from fedmerge.config.schema import CONFIG_FILE, make_folder
 from fedmerge.core.checkpoint import atomic_write_bytes
 
-CONFIG_FILE = "config.yaml"
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
 SUMMARY_MD = "summary.md"
@@ -29,8 +30,6 @@ def new_run_dir(output_dir: str | Path, name: str) -> Path:
     path, i = base, 1
     while path.exists():
         path, i = base.with_name(f"{base.name}-{i}"), i + 1
-    from .config import make_folder  # config imports this module
-
     return make_folder(path, "output_dir", exist_ok=False)
 
 
@@ -77,3 +76,22 @@ class RunStore:
     def write_summary(self, summary: dict[str, Any], markdown: str) -> None:
         atomic_write_bytes(self.dir / SUMMARY_FILE, json.dumps(summary, indent=1, sort_keys=True).encode())
         atomic_write_bytes(self.dir / SUMMARY_MD, markdown.encode())
+
+
+# --- a run folder as a comparison reads it back ----------------------------------------------
+
+DONE, FAILED, INCOMPLETE, PENDING = "done", "failed", "incomplete", "pending"
+
+
+@dataclass
+class RunRecord:
+    """One run as a comparison sees it."""
+
+    key: str
+    method: str
+    setting: str
+    seed: int
+    status: str  # DONE, FAILED, INCOMPLETE (stopped before its end), PENDING (not started)
+    run_dir: Path | None = None
+    summary: dict[str, Any] | None = None
+    error: str | None = None

@@ -35,8 +35,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from .config import ConfigError, load_config, parse_override, read_yaml
-from .tuned import load_tuned, load_tuned_config
+from fedmerge.config.schema import ConfigError, load_config, parse_override, read_yaml
+from fedmerge.config.tuned import load_tuned, load_tuned_config
 
 SWEEP_KEYS = ("config", "overrides", "grid", "methods", "tuned", "name")
 SEED = "seed"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .results import SUMMARY_FILE, RunStore
+from fedmerge.run.results import SUMMARY_FILE, RunStore
 
 
 def merge_weight_snapshots(run_dir: str | Path) -> list[tuple[int, np.ndarray]]:
@@ -30,8 +30,8 @@ def client_groups(run_dir: str | Path) -> list[int] | None:
         groups = json.loads(summary.read_text()).get("client_groups")
         if groups is not None:
             return None if any(g is None for g in groups) else [int(g) for g in groups]
-    from .config import load_config
-    from .runner import load_data
+    from fedmerge.config.schema import load_config
+    from fedmerge.run.prepare import load_data
 
     try:
         data = load_data(load_config(RunStore(run_dir).read_config_path()))

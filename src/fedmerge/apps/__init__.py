@@ -1,0 +1,1 @@
+"""Entry points that other programs load: Flower's ServerApp and ClientApp."""

@@ -1,0 +1,27 @@
+"""The ``fedmerge`` command: one module per command group, errors turned into one line in ``app``."""
+
+from __future__ import annotations
+
+import sys
+from importlib import import_module
+
+from fedmerge.cli.app import app, err, out, report_crash
+
+# Importing a command module registers its commands on ``app``; this order is the order of ``--help``.
+COMMAND_MODULES = ("run", "sweep", "report", "components", "clients", "livar")
+for _module in COMMAND_MODULES:
+    import_module(f"fedmerge.cli.{_module}")
+
+__all__ = ["app", "main", "out"]
+
+
+def main() -> None:
+    try:
+        app()
+    except BrokenPipeError:  # e.g. `fedmerge list | head`
+        sys.exit(0)
+    except KeyboardInterrupt:  # commands that can continue say how; the others just stop
+        err.print("[bold red]interrupted[/]", highlight=False)
+        sys.exit(130)
+    except Exception as exc:  # noqa: BLE001  (anything else is a bug: no traceback on the terminal)
+        report_crash(exc)

@@ -1,0 +1,102 @@
+"""The ``fedmerge`` Typer app, its consoles, and the one place where errors become one line."""
+
+from __future__ import annotations
+
+import inspect
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+
+def new_typer(**options: Any) -> typer.Typer:
+    """A ``typer.Typer`` that suggests a close command name once: click 8.4+ does it itself, and typer's
+    own suggestion would repeat it ("Did you mean 'run'? Did you mean 'run'?")."""
+    if hasattr(click.exceptions, "NoSuchCommand") and "suggest_commands" in inspect.signature(typer.Typer).parameters:
+        options["suggest_commands"] = False
+    return typer.Typer(**options)
+
+
+app = new_typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_show_locals=False,
+    help="Personalized federated learning by model merging.",
+    epilog="An internal error prints one line and saves its traceback to a file; FEDMERGE_TRACEBACK=1 prints it.",
+)
+
+
+out = Console()
+
+
+err = Console(stderr=True)
+
+
+CONFIG_AND_OVERRIDES = typer.Argument(
+    None, metavar="CONFIG KEY=VALUE...", help="an optional YAML config, then key.path=value overrides"
+)
+
+
+def fail(message: str, code: int) -> None:
+    # escape: messages contain literal brackets (e.g. pip install -e '.[flower]') that rich would eat
+    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def notice(message: str) -> None:
+    style = "bold yellow" if message.startswith("warning:") else "dim"
+    err.print(f"[{style}]{escape(message)}[/]", highlight=False, soft_wrap=True)
+
+
+def split_args(args: list[str] | None) -> tuple[str | None, list[str]]:
+    """``[CONFIG] [key=value ...]``: the first argument is a config file unless it contains '='."""
+    args = list(args or [])
+    if args and "=" not in args[0]:
+        return args[0], args[1:]
+    return None, args
+
+
+def user_errors() -> tuple[type[BaseException], ...]:
+    from fedmerge.config.schema import ConfigError
+    from fedmerge.data import DataUnavailable
+
+    return ConfigError, DataUnavailable
+
+
+def reason(exc: Exception) -> str:
+    """One line for an OSError or ValueError: the system's words and the path, not errno's repr."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"{exc.strerror}: {exc.filename}" if exc.filename else exc.strerror
+    return str(exc).splitlines()[0]
+
+
+def report_crash(exc: BaseException) -> None:
+    """A bug, not a user error: one line on the terminal, the traceback in a file to attach to a report.
+    ``FEDMERGE_TRACEBACK=1`` prints the traceback instead."""
+    import os
+    import tempfile
+    import time
+    import traceback
+
+    if os.environ.get("FEDMERGE_TRACEBACK") == "1":
+        raise exc
+    text = "".join(traceback.format_exception(exc))
+    where = Path(tempfile.gettempdir()) / f"fedmerge-crash-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+    try:
+        where.write_text(f"fedmerge {' '.join(sys.argv[1:])}\n\n{text}")
+        saved = f"the traceback is in {where}"
+    except OSError:
+        saved = "run again with FEDMERGE_TRACEBACK=1 to see the traceback"
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    err.print(
+        f"[bold red]internal error:[/] {escape(type(exc).__name__)}: {escape(first)}\n"
+        f"This is a bug in fedmerge, not in your input; {escape(saved)}. A run that was under way "
+        "keeps its last checkpoint: fix or report, then fedmerge run --resume RUN_DIR.",
+        highlight=False,
+        soft_wrap=True,
+    )
+    sys.exit(1)

@@ -1,0 +1,100 @@
+"""``fedmerge list`` / ``show``: the registered components and every option of one."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from fedmerge.cli.app import (
+    app,
+    fail,
+    out,
+)
+
+KIND_ARG = typer.Argument(
+    None, help="algorithm, dataset, partition, model, or a section: run, split, noise, flower, log, state"
+)
+
+
+NAME_ARG = typer.Argument(None, help="a registered name (e.g. fedmerge): print its options")
+
+
+@app.command("list")
+def list_components(kind: str | None = KIND_ARG, name: str | None = NAME_ARG) -> None:
+    """Show the registered components, or every option of one: fedmerge list algorithm fedmerge."""
+    from fedmerge.config import catalog
+
+    if kind is None:
+        for registry in catalog.REGISTRIES.values():
+            _print_registry(registry)
+        known = Table(title="known by another name", show_header=False, title_justify="left")
+        known.add_column("name", style="bold")
+        known.add_column("is")
+        for alias, (_, text) in catalog.KNOWN_AS.items():
+            known.add_row(text.split(":", 1)[0] if ":" in text else alias, text.split(": ", 1)[-1])
+        out.print(known)
+        out.print(
+            "options of one component: fedmerge list KIND NAME (e.g. fedmerge list algorithm fedmerge); "
+            "other settings: fedmerge list run | split | noise | flower | log | state",
+            soft_wrap=True,
+            highlight=False,
+        )
+        return
+    resolved = catalog.kind_of(kind)
+    if resolved is None:  # `fedmerge list fedmerge`: a component name on its own
+        hits = catalog.find_component(kind) if name is None else []
+        if len(hits) != 1:
+            fail(f"unknown kind {kind!r}; expected one of {', '.join(catalog.kinds())}", 2)
+        resolved, name = hits[0]
+    if resolved in catalog.REGISTRIES and name is None:
+        _print_registry(catalog.REGISTRIES[resolved])
+        out.print(f"options of one: fedmerge list {resolved} NAME", highlight=False)
+        return
+    _print_options(resolved, name)
+
+
+@app.command("show")
+def show_component(kind: str = typer.Argument(..., help=KIND_ARG.help), name: str | None = NAME_ARG) -> None:
+    """Every option of a component or section, with type, default and description (as list KIND NAME)."""
+    list_components(kind, name)
+
+
+def _print_registry(registry: Any) -> None:
+    table = Table(title=f"{registry.kind}s", show_header=False, title_justify="left")
+    table.add_column("name", style="bold")
+    table.add_column("description")
+    for entry in registry.entries():
+        table.add_row(entry.name, entry.description)
+    out.print(table)
+
+
+def _print_options(kind: str, name: str | None) -> None:
+    from fedmerge.config import catalog
+    from fedmerge.config.schema_docs import describe
+
+    try:
+        cls = catalog.config_class(kind, name)
+    except KeyError as exc:
+        fail(str(exc.args[0]), 2)
+    if kind in catalog.REGISTRIES:
+        registered = cls.model_fields["name"].default
+        alias = catalog.KNOWN_AS.get(str(name).lower())
+        if alias is not None and name != registered:
+            out.print(alias[1], highlight=False)
+        title = (
+            f"{kind}.name={registered}: {catalog.REGISTRIES[kind].get(registered).description}\n"
+            f"set a key as {kind}.KEY=VALUE"
+        )
+    elif kind == "run":
+        title = "top-level settings, set as KEY=VALUE (sections: fedmerge list)"
+    else:
+        title = f"{kind} settings, set as {kind}.KEY=VALUE"
+    table = Table(title=escape(title), title_justify="left")
+    for column in ("key", "type", "default", "description"):
+        table.add_column(column, style="bold" if column == "key" else None, overflow="fold", no_wrap=column == "key")
+    for row in describe(cls):
+        table.add_row(row.key, escape(row.type), escape(row.default), escape(row.description))
+    out.print(table)

@@ -1,0 +1,90 @@
+"""``fedmerge report`` and ``fedmerge plot``: pages and figures from run folders."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from fedmerge.cli.app import (
+    app,
+    fail,
+    new_typer,
+    out,
+    reason,
+)
+
+
+@app.command()
+def report(
+    paths: list[Path] = typer.Argument(..., help="run folders, sweep folders, or folders holding them"),
+    out_path: Path = typer.Option(Path("report.html"), "--out", "-o", help="the HTML file to write"),
+    title: str | None = typer.Option(None, "--title", help="page title"),
+) -> None:
+    """One self-contained HTML page: tables, curves, partitions, budgets, merge weights, commands."""
+    from fedmerge.report.data import NoRuns
+    from fedmerge.report.html import build_report
+
+    try:
+        path = build_report(paths, out_path, title)
+    except NoRuns as exc:
+        fail(str(exc), 2)
+    except OSError as exc:  # an unwritable -o
+        fail(f"{out_path}: {exc.strerror or exc}", 2)
+    out.print(f"report written to {path}", soft_wrap=True, highlight=False)
+
+
+plot_app = new_typer(no_args_is_help=True, help="Plots drawn from run folders.")
+
+
+app.add_typer(plot_app, name="plot")
+
+
+@plot_app.command("merge-weights")
+def plot_merge_weights_cmd(
+    run_dir: Path = typer.Argument(..., help="a FedMerge run folder"),
+    out_path: Path | None = typer.Option(None, "--out", help="PNG path (default RUN_DIR/merge_weights.png)"),
+    rounds: list[int] | None = typer.Option(None, "--round", help="round to show (repeatable; default: spread)"),
+    panels: int = typer.Option(4, "--panels", min=1, help="number of rounds shown when --round is not given"),
+) -> None:
+    """Heatmaps of the merge weights (clients x global models) at several rounds, as the paper's Fig. 5."""
+    from fedmerge.report.plot_merge_weights import plot_merge_weights
+
+    if not (run_dir / "metrics.jsonl").exists():
+        fail(f"{run_dir}: no metrics.jsonl; is it a run folder?", 2)
+    try:
+        path = plot_merge_weights(run_dir, out_path, rounds or None, panels)
+    except (OSError, ValueError) as exc:
+        fail(reason(exc), 2)
+    out.print(f"plot saved to {path}", soft_wrap=True, highlight=False)
+
+
+@plot_app.command("lambda")
+def plot_lambda_cmd(
+    run_dir: Path = typer.Argument(..., help="a SuPerFed run folder"),
+    out_path: Path | None = typer.Option(None, "--out", help="PNG path (default: in RUN_DIR)"),
+    split: str = typer.Option("test", "--split", help="test or val"),
+) -> None:
+    """Accuracy along SuPerFed's line between the federated (0) and local (1) model (Fig. 3 / A2)."""
+    from fedmerge.report.plot_lambda import plot_lambda
+
+    try:
+        path = plot_lambda(run_dir, out_path, split=split)
+    except (OSError, ValueError) as exc:  # OSError: an unwritable --out
+        fail(f"--out {out_path}: {reason(exc)}" if isinstance(exc, OSError) else reason(exc), 2)
+    out.print(f"plot saved to {path}", soft_wrap=True, highlight=False)
+
+
+@plot_app.command("budget")
+def plot_budget_cmd(
+    run_dirs: list[Path] = typer.Argument(..., help="finished run folders"),
+    out_path: Path = typer.Option(Path("budget.png"), "--out", help="PNG path"),
+) -> None:
+    """Accuracy against server / communicated / per-client parameters (FedMerge Figs. 3-4)."""
+    from fedmerge.report.plot_budget import plot_budget
+
+    try:
+        path = plot_budget(run_dirs, out_path)
+    except (OSError, ValueError) as exc:  # OSError: an unwritable --out
+        fail(f"--out {out_path}: {reason(exc)}" if isinstance(exc, OSError) else reason(exc), 2)
+    out.print(f"plot saved to {path}", soft_wrap=True, highlight=False)

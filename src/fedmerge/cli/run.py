@@ -1,0 +1,109 @@
+"""``fedmerge run``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.table import Table
+
+from fedmerge.cli.app import (
+    CONFIG_AND_OVERRIDES,
+    app,
+    fail,
+    notice,
+    out,
+    split_args,
+    user_errors,
+)
+
+
+@app.command()
+def run(
+    args: list[str] = CONFIG_AND_OVERRIDES,
+    resume: Path | None = typer.Option(None, "--resume", help="continue the run in this folder"),
+    checkpoint: str | None = typer.Option(
+        None, "--checkpoint", help="with --resume: continue from this file of RUN_DIR/checkpoints, not latest.json's"
+    ),
+    device: str | None = typer.Option(None, "--device", help="cpu, cuda, cuda:N or auto"),
+    data_dir: str | None = typer.Option(None, "--data-dir", help="folder holding the dataset files"),
+    out_dir: str | None = typer.Option(None, "--output-dir", help="where run folders are created"),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="live progress display"),
+    run_dir: Path | None = typer.Option(None, "--run-dir", help="create the run in exactly this folder"),
+    tuned: Path | None = typer.Option(None, "--tuned", help="apply this fedmerge tune file's values"),
+) -> None:
+    """Run an experiment (the built-in FedAvg on UCI digits when no config is given)."""
+    from fedmerge.core.checkpoint import CheckpointError
+    from fedmerge.core.loop import RoundFailed
+    from fedmerge.core.state_store import StateStoreError
+    from fedmerge.run.runner import run_from_files
+
+    config_path, overrides = split_args(args)
+    if device:
+        overrides.append(f"device={device}")
+    if data_dir:
+        overrides.append(f"dataset.data_dir={data_dir}")
+    if out_dir:
+        overrides.append(f"output_dir={out_dir}")
+    try:
+        result = run_from_files(
+            config_path,
+            overrides,
+            resume_dir=str(resume) if resume else None,
+            checkpoint=checkpoint,
+            show_progress=progress,
+            notify=notice,
+            run_dir=str(run_dir) if run_dir else None,
+            tuned=str(tuned) if tuned else None,
+        )
+    except user_errors() as exc:
+        fail(str(exc), 2)
+    except (CheckpointError, StateStoreError, RoundFailed) as exc:
+        fail(str(exc), 1)
+    except KeyboardInterrupt:
+        fail("interrupted; continue with: fedmerge run --resume RUN_DIR", 130)
+    print_summary(result.summary)
+    out.print(f"results in [bold]{result.run_dir}[/]", soft_wrap=True, highlight=False)
+
+
+def print_summary(summary: dict[str, Any]) -> None:
+    table = Table(
+        title=f"{summary.get('algorithm')} on {summary.get('dataset')} ({summary.get('num_clients')} clients)"
+    )
+    for col in ("selection", "round", "metric", "mean", "weighted", "std", "worst 10%"):
+        table.add_column(col, justify="right" if col not in ("selection", "metric") else "left")
+    for label in ("last", "best_val"):
+        part = summary.get(label)
+        if not part:
+            continue
+        for key in ("test_acc", "test_top5", "test_nll", "test_ece", "test_mce"):
+            s = part["clients"].get(key)
+            if s:
+                table.add_row(
+                    label,
+                    str(part["round"]),
+                    key,
+                    f"{s['mean']:.4f}",
+                    f"{s['weighted_mean']:.4f}",
+                    f"{s['std']:.4f}",
+                    f"{s['worst10']:.4f}",
+                )
+        if part.get("global"):
+            table.add_row(label, str(part["round"]), "global test_acc", f"{part['global']['test_acc']:.4f}", "", "", "")
+    out.print(table)
+    comm = summary.get("communication_per_client_per_round")
+    params = summary.get("parameters", {})
+    if comm:
+        out.print(
+            f"parameters: model {params.get('model', 0):,.0f}, server {params.get('server_state', 0):,.0f}, "
+            f"per client state {params.get('client_state_mean', 0):,.0f}; "
+            f"communicated per client per round: down {comm['down']:,.0f}, up {comm['up']:,.0f}",
+            soft_wrap=True,
+        )
+    gap = summary.get("local_gap")
+    if gap:
+        out.print(f"local-global gap (train loss received - trained): mean {gap['mean']:.4f}, last {gap['last']:.4f}")
+    recovery = summary.get("cluster_recovery")
+    if recovery:
+        out.print(f"cluster recovery (ARI, argmax merge weight vs true group): {recovery['ari']:.4f}")

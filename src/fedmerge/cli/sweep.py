@@ -1,0 +1,142 @@
+"""``fedmerge sweep`` and ``fedmerge tune``: many runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from fedmerge.cli.app import (
+    app,
+    err,
+    fail,
+    notice,
+    out,
+    split_args,
+    user_errors,
+)
+
+SWEEP_ARGS = typer.Argument(
+    None,
+    metavar="[SWEEP.yaml | CONFIG] KEY=VALUE | KEY=[V1,V2]...",
+    help="a sweep file or a config, then overrides; a list value is a grid axis (seed=[0,1,2])",
+)
+
+
+@app.command()
+def sweep(
+    args: list[str] = SWEEP_ARGS,
+    jobs: int = typer.Option(1, "--jobs", "-j", min=1, help="runs at a time, each in its own process"),
+    out_dir: Path | None = typer.Option(None, "--out", help="sweep folder (default OUTPUT_DIR/sweeps/NAME)"),
+    resume: Path | None = typer.Option(None, "--resume", help="continue the sweep in this folder"),
+    tuned: Path | None = typer.Option(None, "--tuned", help="apply this fedmerge tune file's values per algorithm"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="list the runs and stop"),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="live progress display"),
+) -> None:
+    """Run a grid of runs (methods x settings x seeds) in parallel and compare them per setting."""
+    from fedmerge.report.compare import RESULTS_CSV, RESULTS_MD, write_results
+    from fedmerge.sweep import runner as sw
+    from fedmerge.sweep.progress import SweepProgress
+    from fedmerge.sweep.spec import spec_from_args
+
+    try:
+        if resume is not None:
+            if args or tuned:
+                fail("--resume SWEEP_DIR takes no other arguments: the sweep is read from its sweep.yaml", 2)
+            spec, out_dir = sw.load_spec(resume), resume
+        else:
+            spec = spec_from_args(list(args or []), str(tuned) if tuned else None)
+        points = sw.expand(spec)
+        out_dir = out_dir or sw.default_sweep_dir(spec, points)
+        if dry_run:
+            for p in points:
+                out.print(f"{p.key}: {' '.join(p.overrides)}", highlight=False, soft_wrap=True)
+            out.print(f"{len(points)} runs in {out_dir}", highlight=False, soft_wrap=True)
+            return
+        points = sw.prepare(spec, out_dir)
+    except user_errors() as exc:
+        fail(str(exc), 2)
+    runner = sw.SweepRunner(spec, out_dir, points, jobs)
+    notice(f"sweep of {len(points)} runs in {out_dir} ({jobs} at a time, {runner.threads} thread(s) each)")
+    try:
+        with SweepProgress(runner, live=progress and err.is_terminal, console=err) as display:
+            outcomes = runner.run(display.update)
+    except KeyboardInterrupt:
+        fail(f"interrupted; continue with: fedmerge sweep --resume {out_dir}", 130)
+    tables = write_results(out_dir)
+    _print_tables(tables)
+    out.print(f"tables in {out_dir / RESULTS_MD} and {out_dir / RESULTS_CSV}", soft_wrap=True, highlight=False)
+    out.print(f"the page: fedmerge report {out_dir} -o report.html", soft_wrap=True, highlight=False)
+    failed = sum(t.status == "failed" for t in outcomes)
+    if failed:
+        fail(f"{failed} of {len(outcomes)} runs failed; their errors are in the tables and in {out_dir / 'logs'}", 1)
+
+
+def _print_tables(tables: list[Any]) -> None:
+    from fedmerge.report.compare import SHORT_COLUMNS, row_cells
+
+    for t in tables:
+        table = Table(title=escape(t.setting), title_justify="left")
+        for i, col in enumerate(SHORT_COLUMNS):
+            table.add_column(col, justify="left" if i == 0 else "right")
+        for row in t.rows:
+            table.add_row(*(escape(c) for c in row_cells(t, row)))
+        out.print(table)
+        for r in t.failures:
+            out.print(f"failed: {r.key}: {escape(r.error or '')}", highlight=False, soft_wrap=True)
+
+
+@app.command()
+def tune(
+    args: list[str] = typer.Argument(
+        None,
+        metavar="[CONFIG] KEY=VALUE... [algorithm.name=[M1,M2]]",
+        help="a config and overrides; a list of algorithm names tunes each with the same budget",
+    ),
+    trials: int = typer.Option(20, "--trials", min=1, help="finished trials per method (the same for all)"),
+    out_dir: Path | None = typer.Option(None, "--out", help="study folder (default OUTPUT_DIR/tune/NAME)"),
+    metric: str = typer.Option("val_acc", "--metric", help="val_acc (maximised) or val_nll (minimised)"),
+    space: Path | None = typer.Option(None, "--space", help="YAML: METHOD or '*': {KEY: {low, high, log}}"),
+    show_space: bool = typer.Option(False, "--show-space", help="print each method's search space and stop"),
+) -> None:
+    """Tune each method on the validation split with Optuna (resumable; test split withheld)."""
+    from fedmerge.config.schema import ConfigError, load_config, parse_override
+    from fedmerge.sweep import tune as tu
+
+    config_path, overrides = split_args(args)
+    if metric not in tu.METRICS:
+        fail(f"--metric: expected one of {', '.join(tu.METRICS)}, got {metric!r}", 2)
+    methods: list[str] = []
+    try:
+        fixed = []
+        for text in overrides:
+            path, value = parse_override(text)
+            if isinstance(value, list):
+                if path != ["algorithm", "name"]:
+                    raise ConfigError(f"{text.partition('=')[0]}: tune takes a list only for algorithm.name")
+                methods = [str(v) for v in value]
+            else:
+                fixed.append(text)
+        cfg = load_config(config_path, fixed)
+        methods = methods or [cfg.algorithm.name]
+        if show_space:
+            user = tu.load_space_file(space) if space else {}
+            for method in methods:
+                mcfg = load_config(config_path, [*fixed, f"algorithm.name={method}"])
+                for key, param in tu.space_for(mcfg, user, config_path).items():
+                    out.print(f"{method}: {key} {tu.describe_space(param)}", highlight=False, soft_wrap=True)
+            return
+        name = Path(config_path).stem if config_path else "tune"
+        folder = out_dir or Path(cfg.output_dir) / "tune" / name
+        tu.tune(
+            config_path, fixed, methods, trials, folder, metric=metric,
+            space_file=str(space) if space else None, notify=notice,
+        )  # fmt: skip
+    except user_errors() as exc:
+        fail(str(exc), 2)
+    except KeyboardInterrupt:
+        fail("interrupted; run the same command again to continue the study", 130)
+    out.print(f"best values in {folder / tu.BEST_FILE} (use: fedmerge run --tuned FILE)", soft_wrap=True)

@@ -1,0 +1,1 @@
+"""The experiment config: its validated schema, overrides and loading, the component catalog, tuned values."""

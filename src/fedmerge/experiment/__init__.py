@@ -1,1 +1,0 @@
-"""Experiment layer: validated config, runner, results store, reports."""

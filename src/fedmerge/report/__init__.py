@@ -1,0 +1,1 @@
+"""Reading run folders back: comparison tables, the HTML report and the figures."""

@@ -1,0 +1,1 @@
+"""One run: prepare (data, model, checks), set up its engine, resume, record its rounds, summarize it."""

@@ -1,0 +1,143 @@
+"""The one mapping from a config to an engine: local (in-process, workers, vectorised) or Flower
+(simulation, deployment)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from functools import partial
+from typing import Any
+
+import torch
+from pydantic import BaseModel
+
+from fedmerge.config.schema import ConfigError, FlowerSettings
+from fedmerge.core.checkpoint import (
+    CLIENT_STORE,
+)
+from fedmerge.core.loop import Engine, Schedule, parse_eval_clients
+from fedmerge.core.state_store import StateStore, StoredStates
+from fedmerge.data import FederatedDataset
+from fedmerge.engines.local import LocalEngine
+from fedmerge.run.results import RunStore
+
+
+def require_flower(simulation: bool) -> None:
+    from fedmerge.engines.flower import INSTALL_HINT, flower_available
+
+    if not flower_available(simulation=simulation):
+        raise ConfigError(INSTALL_HINT)
+
+
+def flower_options(cfg: BaseModel) -> Any:
+    from fedmerge.engines.flower.engine import FlowerOptions
+
+    fs = cfg.flower or FlowerSettings()
+    return FlowerOptions(fs.min_replies, fs.max_retries, fs.round_timeout, fs.connect_timeout)
+
+
+def connect_nodes(cfg: BaseModel, grid: Any) -> Any:
+    """Deployment: the handshake with the SuperNodes (their files must agree), as a one-line error."""
+    from fedmerge.engines.flower.engine import connect
+    from fedmerge.engines.flower.protocol import DEPLOYMENT
+
+    return connect(grid, flower_options(cfg), DEPLOYMENT)
+
+
+def server_test(path: str, federation: Any, device: torch.device) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
+    """The deployed server's optional pooled test set, which must match the nodes' files (one line)."""
+    from fedmerge.data.client_files import check_consistent, load_pooled_test
+
+    x, y, meta = load_pooled_test(path)
+    check_consistent([federation.first, meta])
+    x, y = x.to(device), y.to(device)
+    return lambda: (x, y)
+
+
+def federation_summary(federation: Any) -> dict[str, Any]:
+    """What the nodes said about their data (written to RUN_DIR/federation.json): no sample."""
+    first = federation.first
+    return {
+        "num_clients": federation.num_clients,
+        "dataset": first.dataset,
+        "num_classes": first.num_classes,
+        "class_names": first.class_names,
+        "input_shape": list(first.input_shape),
+        "input_dtype": first.input_dtype,
+        "source_digest": first.source_digest,
+        "groups": federation.groups,
+    }
+
+
+def pooled_test_of(cfg: BaseModel, data: FederatedDataset) -> Callable[[], tuple[torch.Tensor, torch.Tensor]] | None:
+    """The global model's test set: every client's test split, or with ``eval_clients: sample:K`` those
+    of the K evaluated clients (the same every round), so that no evaluation grows with the population."""
+    has_test = data.clients.has_test() if hasattr(data.clients, "has_test") else any(c.n_test for c in data.clients)
+    if not has_test:  # no test split (withheld while tuning): no global-model test either
+        return None
+    if parse_eval_clients(cfg.eval_clients)[0] != "sample":
+        return data.pooled_test
+    sample = Schedule(cfg.rounds, len(data.clients), seed=cfg.seed, eval_clients=cfg.eval_clients).evaluated(0, [])
+    return partial(data.pooled_test, sample)
+
+
+@contextmanager
+def client_store(cfg: BaseModel, run: RunStore) -> Iterator[StateStore | None]:
+    """The run's on-disk client-state store (``state:`` set), closed when the run ends; else None."""
+    if cfg.state is None:
+        yield None
+        return
+    # durable=False: each checkpoint fsyncs the store (a killed process loses no committed put anyway)
+    with StateStore(run.checkpoint_dir / CLIENT_STORE, cfg.state.cache_size, durable=False) as store:
+        yield store
+
+
+@contextmanager
+def open_engine(
+    cfg: BaseModel,
+    data: FederatedDataset | None,
+    model: torch.nn.Module,
+    device: torch.device,
+    grid: Any,
+    client_store: StateStore | None = None,
+    federation: Any = None,
+) -> Iterator[Engine]:
+    # a deployed server has no data: only the pooled test file its operator gave, if any
+    pooled_test = pooled_test_of(cfg, data) if data is not None else getattr(federation, "pooled_test", None)
+    if cfg.engine != "flower" and grid is None:
+        with LocalEngine(
+            data.clients,
+            model,
+            device,
+            cfg.seed,
+            pooled_test=pooled_test,
+            eval_batch_size=cfg.eval_batch_size,
+            workers=cfg.workers,
+            states=None if client_store is None else StoredStates(client_store, device),
+            vectorize=cfg.vectorize,
+        ) as engine:
+            yield engine
+        return
+    from fedmerge.engines.flower.engine import FlowerEngine, connect
+    from fedmerge.engines.flower.job import client_job
+    from fedmerge.engines.flower.protocol import DEPLOYMENT, SIMULATION
+    from fedmerge.engines.flower.simulation import SimulationOptions, simulation
+
+    fs = cfg.flower or FlowerSettings()
+    options = flower_options(cfg)
+    mode = DEPLOYMENT if federation is not None else SIMULATION
+    num_clients = federation.num_clients if federation is not None else len(data.clients)
+    # deployment: the job names no data; each node reads its own file
+    job = client_job(cfg.model_dump(mode="json"), num_clients, with_data=mode == SIMULATION)
+
+    def engine_on(target: Any) -> FlowerEngine:
+        fed = federation if federation is not None else connect(target, options, SIMULATION, num_clients)
+        return FlowerEngine(
+            target, fed, job, model, device, cfg.seed, options, pooled_test, cfg.eval_batch_size, mode=mode
+        )
+
+    if grid is not None:  # a ServerApp was handed a Grid by the SuperLink (or a test's fake one)
+        yield engine_on(grid)
+        return
+    with simulation(num_clients, SimulationOptions(fs.num_cpus, fs.client_cpus, fs.client_gpus)) as relay:
+        yield engine_on(relay)

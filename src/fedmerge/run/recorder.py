@@ -1,0 +1,189 @@
+"""The rounds of one run segment: the round loop with the callback that records metrics, checkpoints,
+progress and TensorBoard, then the summary."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from pydantic import BaseModel
+
+from fedmerge.algorithms import Algorithm
+from fedmerge.config.schema import to_yaml
+from fedmerge.core.checkpoint import (
+    Checkpoint,
+    save_checkpoint,
+)
+from fedmerge.core.loop import Engine, Schedule, run_rounds
+from fedmerge.core.state_store import StateStore, StoredStates
+from fedmerge.core.types import ServerState
+from fedmerge.models import count_parameters
+from fedmerge.run.progress import RoundProgress
+from fedmerge.run.provenance import record_segment
+from fedmerge.run.results import RunStore
+from fedmerge.run.resume import config_digest
+from fedmerge.run.summary import build_summary, summarize_eval, summary_markdown
+from fedmerge.run.tensorboard_log import ScalarLog
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    summary: dict[str, Any]
+    server_state: ServerState
+
+
+Notify = Callable[[str], None]
+
+
+@dataclass
+class Segment:
+    """How this process's part of a run starts and ends."""
+
+    resume: bool
+    checkpoint: Checkpoint | None
+    show_progress: bool
+    stop_after: int | None
+    notify: Notify
+
+
+class Stopped(Exception):
+    pass
+
+
+def record_rounds(
+    cfg: BaseModel,
+    store: RunStore,
+    algorithm: Algorithm,
+    model: torch.nn.Module,
+    engine: Engine,
+    device: torch.device,
+    groups: list[int | None],
+    segment: Segment,
+    client_store: StateStore | None = None,
+) -> RunResult:
+    num_clients = len(groups)
+    schedule = Schedule(cfg.rounds, num_clients, cfg.participation, cfg.eval_every, cfg.seed, cfg.eval_clients)
+
+    start_round = 0
+    earlier_seconds = 0.0  # wall time of the earlier segments of a resumed run
+    ckpt = segment.checkpoint
+    if segment.resume:
+        # elapsed_seconds is cumulative, so the last row written (kept or about to be replayed) holds
+        # the time every earlier segment ran
+        earlier_seconds = max((r.get("elapsed_seconds", 0.0) for r in store.read_metrics()), default=0.0)
+        if ckpt is not None:
+            state = ckpt.server_state.to(device)
+            engine.restore(ckpt.meta)  # deployment: the rounds of the states the nodes keep
+            start_round = ckpt.round
+            if client_store is None:
+                engine.load_client_states(ckpt.client_states)
+        else:
+            state = algorithm.init_server_state().to(device)
+        if client_store is not None:  # states of rounds after the checkpoint are redone
+            client_store.rewind(start_round)
+        store.truncate_metrics(start_round)
+        segment.notify(f"resuming from round {start_round} of {cfg.rounds}")
+    else:
+        store.write_config(to_yaml(cfg))
+        state = algorithm.init_server_state().to(device)
+
+    record_segment(store.dir, start_round, segment.resume)
+    digest = config_digest(cfg)
+    t_start = time.perf_counter() - earlier_seconds
+
+    def checkpoint(rnd: int, server_state: ServerState) -> None:
+        save_checkpoint(
+            store.checkpoint_dir,
+            rnd,
+            server_state,
+            engine.client_states() if client_store is None else client_store,
+            {"config_digest": digest, **engine.checkpoint_meta(cfg.keep_checkpoints)},
+            keep=cfg.keep_checkpoints,
+        )
+
+    show_progress, stop_after = segment.show_progress, segment.stop_after
+    tensorboard = ScalarLog(store.dir, start_round) if cfg.log is not None and cfg.log.tensorboard else None
+    with (
+        RoundProgress(cfg.rounds, start_round, len(schedule.sample(1)), enabled=show_progress) as progress,
+        tensorboard or nullcontext(),
+    ):
+        engine.on_client_done = progress.client_done
+
+        def on_round_end(rnd: int, server_state: ServerState, record: dict[str, Any]) -> None:
+            # clients dropped from this round: by the engine (Flower: no reply) or by the round loop
+            # (an update that is not finite or not shaped like the others); absent when none
+            failures = engine.pop_failures()
+            failures += record.pop("failed_clients", [])
+            if failures:
+                record["failed_clients"] = failures
+            if "eval" in record:
+                record["summary"] = summarize_eval(record["eval"]["clients"])
+            record["elapsed_seconds"] = time.perf_counter() - t_start
+            store.append_metrics(record)
+            if tensorboard is not None:
+                tensorboard.round(rnd, record)
+            if rnd % cfg.checkpoint_every == 0 or rnd == cfg.rounds:
+                checkpoint(rnd, server_state)
+            progress.round_done(rnd, progress_text(record))
+            if stop_after is not None and rnd >= stop_after:
+                raise Stopped
+
+        try:
+            state = run_rounds(algorithm, engine, schedule, state, start_round, on_round_end)
+        except Stopped:
+            return RunResult(store.dir, {}, state)
+
+    rows = store.read_metrics()
+    info = {
+        "name": cfg.name,
+        "algorithm": cfg.algorithm.name,
+        "dataset": cfg.dataset.name,
+        "partition": cfg.partition.name,
+        "model": cfg.model.name,
+        "num_clients": num_clients,
+        "seed": cfg.seed,
+        "parameters": parameter_counts(algorithm, model, state, engine),
+        # ground-truth groups (cluster/domain partitions): the summary scores cluster recovery
+        "client_groups": groups if all(g is not None for g in groups) else None,
+        "wall_seconds": time.perf_counter() - t_start,
+    }
+    summary = build_summary(rows, info)
+    store.write_summary(summary, summary_markdown(summary))
+    return RunResult(store.dir, summary, state)
+
+
+def parameter_counts(
+    algorithm: Algorithm, model: torch.nn.Module, state: ServerState, engine: Engine
+) -> dict[str, float]:
+    held = engine.client_states()
+    if isinstance(held, StoredStates):  # counted from the records' headers; a few decoded states suffice
+        sizes = list(held.store.parameter_counts().values())
+        states = [held[cid] for cid in held.store.ids()[:8]]
+    else:
+        states = list(held.values())
+        sizes = [s.num_parameters() for s in states]
+    model_params = count_parameters(model)
+    return {
+        "model": float(model_params),
+        "server_state": float(state.num_parameters()),
+        "client_state_mean": float(sum(sizes) / max(len(sizes), 1)),
+        "client_optimized": algorithm.client_optimized_parameters(model_params, states),
+        # models with a frozen backbone (LoRA) count only what trains and travels above; this is all
+        "model_full": float(getattr(model, "full_parameter_count", lambda: model_params)()),
+    }
+
+
+def progress_text(record: dict[str, Any]) -> str:
+    parts = [f"loss {record['train_loss']:.3f}"]
+    s = record.get("summary", {})
+    if "test_acc" in s:
+        parts.append(f"acc {s['test_acc']['mean']:.3f}")
+    if "val_nll" in s:
+        parts.append(f"val_nll {s['val_nll']['mean']:.3f}")
+    return "  ".join(parts)

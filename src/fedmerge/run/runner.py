@@ -1,0 +1,193 @@
+"""Run an experiment end to end: data, model, algorithm, engine, round loop, results folder."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from pydantic import BaseModel
+
+from fedmerge.algorithms import ALGORITHMS
+from fedmerge.config.schema import ConfigError, config_warnings, load_config
+from fedmerge.config.tuned import load_tuned_config
+from fedmerge.data import FederatedDataset
+from fedmerge.engines.memory import keep_freed_memory
+from fedmerge.engines.vectorized import vectorize_problem
+from fedmerge.engines.workers import set_threads, workers_problem
+from fedmerge.models import build_model
+from fedmerge.run.engine_setup import (
+    client_store,
+    connect_nodes,
+    federation_summary,
+    open_engine,
+    require_flower,
+    server_test,
+)
+from fedmerge.run.prepare import check_compatibility, load_data, resolve_device, without_test
+from fedmerge.run.recorder import Notify, RunResult, Segment, record_rounds
+from fedmerge.run.results import CONFIG_FILE, RunStore, new_run_dir
+from fedmerge.run.resume import RESUME_OVERRIDABLE, resume_checkpoint
+from fedmerge.run.summary import TIMING_KEYS
+from fedmerge.run.tensorboard_log import require_tensorboard
+
+
+def run_experiment(
+    cfg: BaseModel,
+    run_dir: str | Path | None = None,
+    *,
+    resume: bool = False,
+    show_progress: bool = True,
+    stop_after: int | None = None,
+    grid: Any = None,
+    deployment: bool = False,
+    pooled_test: str | None = None,
+    checkpoint: str | None = None,
+    notify: Notify | None = None,
+    withhold_test: bool = False,
+    data: FederatedDataset | None = None,
+) -> RunResult:
+    """Run (or resume) ``cfg``. ``stop_after`` ends after that round, as a crash would (tests).
+
+    ``withhold_test``: the test split is removed before training starts, so nothing (no metric, no
+    summary, no model selection) can read it: ``fedmerge tune``'s trials.
+
+    ``grid``: a Flower Grid, when called by a ServerApp (``engine: flower``); with ``deployment`` the
+    nodes own their data and their states (docs/deployment.md): the server loads no dataset, and
+    tests a global model only on ``pooled_test``, a file ``fedmerge export-clients --pooled-test`` wrote.
+    ``checkpoint``: resume from this file of ``RUN_DIR/checkpoints`` instead of the one ``latest.json``
+    names. ``notify``: receives one-line notices (warnings, "resuming from round N of M").
+    ``data``: a dataset already built (benchmarks), used instead of loading ``cfg``'s.
+    """
+    notify = notify or (lambda message: None)
+    if cfg.engine == "flower":
+        require_flower(simulation=grid is None)
+    if deployment and grid is None:
+        raise ValueError("deployment=True needs the Grid of a ServerApp")
+    if pooled_test is not None and not deployment:
+        raise ConfigError("pooled-test applies to a deployment; a simulation tests on its own data")
+    if cfg.state is not None and (cfg.engine != "local" or grid is not None):
+        raise ConfigError("state (client states on disk) applies to engine=local; remove it for engine=flower")
+    for warning in config_warnings(cfg):
+        notify(f"warning: {warning}")
+    ckpt = None
+    if resume:
+        if run_dir is None:
+            raise ValueError("resume=True needs the run folder")
+        ckpt = resume_checkpoint(Path(run_dir), cfg, checkpoint)
+    if cfg.log is not None and cfg.log.tensorboard:
+        require_tensorboard()
+    device = resolve_device(cfg.device)
+    if (problem := workers_problem(cfg.workers, cfg.threads, device, cfg.engine)) is not None:
+        raise ConfigError(problem)
+    set_threads(cfg.threads)
+    if cfg.keep_freed_memory:
+        keep_freed_memory()  # forked workers inherit it
+    # Everything that can be refused is checked before the run folder exists.
+    federation = None
+    if deployment:
+        # The server holds no data: the nodes' handshake says the input shape and the classes.
+        federation = connect_nodes(cfg, grid)
+        first = federation.first
+        sample = torch.zeros(2, *first.input_shape, dtype=getattr(torch, first.input_dtype))
+        data, num_classes, input_shape = None, first.num_classes, first.input_shape
+        num_clients, groups = federation.num_clients, federation.groups
+        pooled = server_test(pooled_test, federation, device) if pooled_test is not None else None
+    else:
+        # token datasets declare their input shape, so a model that cannot read tokens is refused
+        # before the (slow) tokenization
+        tokens = cfg.dataset.token_length()
+        if tokens is not None:
+            check_compatibility(cfg, torch.ones(2, tokens, dtype=torch.int64), 2, device)
+        data = (load_data(cfg) if data is None else data).to(device)
+        if withhold_test:
+            data = without_test(data)
+        sample = next(c.x_train[:2] for c in data.clients if c.n_train)
+        num_classes, input_shape = data.num_classes, data.input_shape
+        num_clients, groups = len(data.clients), data.groups()
+    model = check_compatibility(cfg, sample, num_classes, device)
+
+    def model_factory(generator: torch.Generator) -> torch.nn.Module:
+        return build_model(cfg.model, input_shape, num_classes, generator=generator)
+
+    entry = ALGORITHMS.get(cfg.algorithm.name)
+    try:
+        algorithm = entry.obj(cfg.algorithm, model_factory, num_clients, cfg.seed)
+    except ValueError as exc:  # settings that conflict with the model or the data (e.g. fedlora without LoRA)
+        raise ConfigError(f"algorithm {cfg.algorithm.name!r}: {str(exc).splitlines()[0]}") from None
+    if cfg.vectorize:
+        problem = vectorize_problem(algorithm, model)
+        if problem is None and (cfg.engine != "local" or cfg.workers != 1):
+            problem = "vectorize: batched clients are an option of engine=local with workers=1"
+        if problem is not None:
+            raise ConfigError(problem)
+    store = RunStore(run_dir if run_dir is not None else new_run_dir(cfg.output_dir, cfg.name))
+    if federation is not None:
+        (store.dir / "federation.json").write_text(json.dumps(federation_summary(federation), indent=1) + "\n")
+        federation.pooled_test = pooled
+    with (
+        client_store(cfg, store) as states,
+        open_engine(cfg, data, model, device, grid, states, federation) as engine,
+    ):
+        segment = Segment(resume, ckpt, show_progress, stop_after, notify)
+        return record_rounds(cfg, store, algorithm, model, engine, device, groups, segment, states)
+
+
+def run_from_files(
+    config_path: str | None,
+    overrides: list[str],
+    *,
+    resume_dir: str | None = None,
+    checkpoint: str | None = None,
+    show_progress: bool = True,
+    grid: Any = None,
+    deployment: bool = False,
+    pooled_test: str | None = None,
+    notify: Notify | None = None,
+    run_dir: str | None = None,
+    tuned: str | None = None,
+) -> RunResult:
+    """``run_dir``: create the run in exactly this folder (``fedmerge sweep``); ``tuned``: a
+    ``fedmerge tune`` file whose values for the config's algorithm apply under ``overrides``."""
+    if checkpoint is not None and resume_dir is None:
+        raise ConfigError("--checkpoint only applies with --resume RUN_DIR")
+    if resume_dir is not None and (run_dir is not None or tuned is not None):
+        raise ConfigError(f"{'--run-dir' if run_dir is not None else '--tuned'} does not apply with --resume")
+    if resume_dir is not None:
+        if not (Path(resume_dir) / CONFIG_FILE).is_file():
+            raise ConfigError(f"--resume {resume_dir}: no {CONFIG_FILE} there; is it a run folder?")
+        store = RunStore(resume_dir)
+        bad = [o for o in overrides if o.partition("=")[0] not in RESUME_OVERRIDABLE]
+        if bad or config_path is not None:
+            raise ConfigError(
+                f"cannot change {bad[0].partition('=')[0] if bad else 'the config file'} when resuming; "
+                f"only {sorted(RESUME_OVERRIDABLE)} may be overridden"
+            )
+        cfg = load_config(store.read_config_path(), overrides)
+        return run_experiment(
+            cfg,
+            store.dir,
+            resume=True,
+            show_progress=show_progress,
+            grid=grid,
+            deployment=deployment,
+            pooled_test=pooled_test,
+            checkpoint=checkpoint,
+            notify=notify,
+        )
+    cfg = load_tuned_config(config_path, overrides, tuned) if tuned else load_config(config_path, overrides)
+    if run_dir is not None and (Path(run_dir) / CONFIG_FILE).exists():
+        raise ConfigError(f"--run-dir {run_dir} already holds a run; to continue it: fedmerge run --resume {run_dir}")
+    return run_experiment(
+        cfg,
+        run_dir,
+        show_progress=show_progress,
+        grid=grid,
+        deployment=deployment,
+        pooled_test=pooled_test,
+        notify=notify,
+    )
+
+
+__all__ = ["RunResult", "run_experiment", "run_from_files", "TIMING_KEYS", "RESUME_OVERRIDABLE"]

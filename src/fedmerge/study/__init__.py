@@ -1,0 +1,1 @@
+"""The reproduction protocol: study specs, the regime check, selection, and the study report."""
