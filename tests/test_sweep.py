@@ -159,9 +159,18 @@ def test_run_dir_that_holds_a_run_is_refused(tmp_path):
     run_dir = tmp_path / "r"
     run_dir.mkdir()
     (run_dir / "config.yaml").write_text("seed: 0\n")
-    result = CliRunner().invoke(app, ["run", "rounds=1", "--run-dir", str(run_dir), "--no-progress"])
-    assert result.exit_code == 2
-    assert f"fedmerge run --resume {run_dir}" in result.output
+    for option in ("--out", "--run-dir"):  # --run-dir: the former name, in older runs' provenance
+        result = CliRunner().invoke(app, ["run", "rounds=1", option, str(run_dir), "--no-progress"])
+        assert result.exit_code == 2
+        assert f"--out {run_dir} already holds a run" in result.output
+        assert f"fedmerge run --resume {run_dir}" in result.output
+
+
+def test_out_and_its_former_name_together_are_refused(tmp_path):
+    args = ["run", "rounds=1", "--out", str(tmp_path / "a"), "--run-dir", str(tmp_path / "b"), "--no-progress"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2 and "former name of --out" in result.output
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
 
 @pytest.mark.slow
@@ -190,7 +199,7 @@ def test_sweep_runs_in_parallel_skips_finished_resumes_stopped_and_records_failu
     assert resumed[1]["command"] == f"fedmerge run --resume {out / 'runs' / 'local__s0'} --no-progress"
     (fresh,) = read_provenance(out / "runs" / "fedavg__s1")
     assert fresh["command"].startswith("fedmerge run rounds=2 partition.num_clients=4 algorithm.local_epochs=1 ")
-    assert fresh["command"].endswith(f"--run-dir {out / 'runs' / 'fedavg__s1'} --no-progress")
+    assert fresh["command"].endswith(f"--out {out / 'runs' / 'fedavg__s1'} --no-progress")
     # two workers share the cores
     assert yaml.safe_load((out / "runs" / "fedavg__s1" / "config.yaml").read_text())["threads"] == max(1, cores() // 2)
 

@@ -30,7 +30,9 @@ def run(
     data_dir: str | None = typer.Option(None, "--data-dir", help="folder holding the dataset files"),
     out_dir: str | None = typer.Option(None, "--output-dir", help="where run folders are created"),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="live progress display"),
-    run_dir: Path | None = typer.Option(None, "--run-dir", help="create the run in exactly this folder"),
+    run_dir: Path | None = typer.Option(None, "--out", help="create the run in exactly this folder"),
+    # the name before --out (runs of earlier sweeps record it in their provenance): still accepted
+    old_run_dir: Path | None = typer.Option(None, "--run-dir", hidden=True),
     tuned: Path | None = typer.Option(None, "--tuned", help="apply this fedmerge tune file's values"),
 ) -> None:
     """Run an experiment (the built-in FedAvg on UCI digits when no config is given)."""
@@ -40,6 +42,9 @@ def run(
     from fedmerge.run.runner import run_from_files
 
     config_path, overrides = split_args(args)
+    if old_run_dir is not None and run_dir is not None:
+        fail("--run-dir is the former name of --out; give one of them", 2)
+    run_dir = run_dir or old_run_dir
     if device:
         overrides.append(f"device={device}")
     if data_dir:

@@ -148,12 +148,12 @@ def run_from_files(
     run_dir: str | None = None,
     tuned: str | None = None,
 ) -> RunResult:
-    """``run_dir``: create the run in exactly this folder (``fedmerge sweep``); ``tuned``: a
+    """``run_dir``: create the run in exactly this folder (``--out``; ``fedmerge sweep``); ``tuned``: a
     ``fedmerge tune`` file whose values for the config's algorithm apply under ``overrides``."""
     if checkpoint is not None and resume_dir is None:
         raise ConfigError("--checkpoint only applies with --resume RUN_DIR")
     if resume_dir is not None and (run_dir is not None or tuned is not None):
-        raise ConfigError(f"{'--run-dir' if run_dir is not None else '--tuned'} does not apply with --resume")
+        raise ConfigError(f"{'--out' if run_dir is not None else '--tuned'} does not apply with --resume")
     if resume_dir is not None:
         if not (Path(resume_dir) / CONFIG_FILE).is_file():
             raise ConfigError(f"--resume {resume_dir}: no {CONFIG_FILE} there; is it a run folder?")
@@ -178,7 +178,7 @@ def run_from_files(
         )
     cfg = load_tuned_config(config_path, overrides, tuned) if tuned else load_config(config_path, overrides)
     if run_dir is not None and (Path(run_dir) / CONFIG_FILE).exists():
-        raise ConfigError(f"--run-dir {run_dir} already holds a run; to continue it: fedmerge run --resume {run_dir}")
+        raise ConfigError(f"--out {run_dir} already holds a run; to continue it: fedmerge run --resume {run_dir}")
     return run_experiment(
         cfg,
         run_dir,

@@ -7,7 +7,7 @@ SWEEP_DIR/logs/KEY.log    what each attempt of that run printed
 SWEEP_DIR/status.jsonl    one line per finished attempt: done, failed (with its error line) or interrupted
 SWEEP_DIR/results.md|csv  the comparison tables (``fedmerge.report.compare``)
 
-Each run is one ``fedmerge run ... --run-dir SWEEP_DIR/runs/KEY`` process, so its provenance holds
+Each run is one ``fedmerge run ... --out SWEEP_DIR/runs/KEY`` process, so its provenance holds
 a command that reproduces it alone. Running the sweep again skips finished runs, continues
 stopped ones from their checkpoints (``fedmerge run --resume``) and retries failed ones. A worker
 gets ``threads = cores // jobs`` (unless the config sets ``threads``) so that the processes do not
@@ -132,7 +132,7 @@ def run_command(spec: SweepSpec, point: SweepPoint, run_dir: Path, threads: int)
     cmd = [*base, *([spec.config] if spec.config else []), *overrides]
     if spec.tuned:
         cmd += ["--tuned", spec.tuned]
-    return [*cmd, "--run-dir", str(run_dir), "--no-progress"]
+    return [*cmd, "--out", str(run_dir), "--no-progress"]
 
 
 class SweepRunner:
