@@ -1,7 +1,7 @@
 """Verified, resumable, atomic downloads of the papers' dataset files (through pooch).
 
 A file reaches its place in the cache only after its checksum matched (pooch downloads into a
-temporary name beside it and moves it into place once :func:`pooch.hash_matches` agrees). Bytes of an
+temporary name beside it and moves it into place once the hash agrees). Bytes of an
 interrupted transfer wait in ``<dataset>/.partial/`` (never at the file's own name) and the next
 attempt asks the server for the rest with an HTTP ``Range`` request; a mismatch deletes them. Every
 failure is one :class:`DownloadError` line naming the URL, the file, its checksum and where to put the
@@ -18,7 +18,7 @@ from pathlib import Path
 from fedmerge.data.errors import DataUnavailable
 
 DATA_DIR_ENV = "FEDMERGE_DATA_DIR"
-CHUNK = 1 << 20
+CHUNK = 1 << 16  # small enough that an interrupted transfer keeps nearly all it received
 
 
 class DownloadError(DataUnavailable):
@@ -188,11 +188,11 @@ def fetch_file(remote: RemoteFile, folder: Path, progressbar: bool = True) -> Pa
 
 def verify_file(remote: RemoteFile, folder: Path) -> bool:
     """Whether ``folder/remote.name`` exists and matches its checksum (or its pin)."""
-    import pooch
+    from pooch.hashes import hash_matches
 
     path = folder / remote.name
     known = expected_checksum(remote, folder)
-    return path.is_file() and known is not None and pooch.hash_matches(str(path), known)
+    return path.is_file() and known is not None and hash_matches(str(path), known)
 
 
 def _remove_stale_temporaries(folder: Path) -> None:
