@@ -384,3 +384,6 @@ def test_cifar_path_still_works_and_wins_over_the_cache(tmp_path: Path) -> None:
         (folder / name).write_bytes(cifar_batch(2, b"labels", 10, 1))
     pool = load_pool({"name": "cifar10", "path": str(tmp_path)})
     assert pool.x.shape == (12, 3, 32, 32) and pool.cache is None
+    # --data-dir at extracted batches (what it meant before the cache existed) still reads them
+    same = load_pool({"name": "cifar10", "data_dir": str(folder)})
+    np.testing.assert_array_equal(same.x, pool.x)

@@ -37,6 +37,14 @@ def batch_folder(path: str, files: list[str], subdir: str, release: str) -> Path
     )
 
 
+def extracted_in(data_dir: str | None, files: list[str], subdir: str) -> str | None:
+    """``data_dir`` when it holds extracted batches (``--data-dir`` pointed at them, as before the cache)."""
+    if data_dir is None:
+        return None
+    root = Path(data_dir).expanduser()
+    return data_dir if any(all((f / n).is_file() for n in files) for f in (root, root / subdir)) else None
+
+
 def unpickle(path: Path) -> dict:
     with open(path, "rb") as f:
         data = pickle.load(f, encoding="bytes")
@@ -107,9 +115,10 @@ class Cifar10Config(FetchedConfig):
     description="CIFAR-10 python batches: dataset.path or `fedmerge data fetch cifar10`",
 )
 def load_cifar10(cfg: Cifar10Config) -> Pool:
-    if cfg.path is None:
+    path = cfg.path or extracted_in(cfg.data_dir, CIFAR10_FILES, "cifar-10-batches-py")
+    if path is None:
         return load_fetched(cfg, "cifar-10-python.tar.gz", CIFAR10_FILES, "batches.meta", "labels", "label_names", 10)
-    folder = batch_folder(cfg.path, CIFAR10_FILES, "cifar-10-batches-py", "CIFAR-10")
+    folder = batch_folder(path, CIFAR10_FILES, "cifar-10-batches-py", "CIFAR-10")
     x, y = read_batches(folder, CIFAR10_FILES, "labels")
     names = label_names(folder / "batches.meta", "label_names", 10)
     return Pool(x, y, 10, "cifar10", class_names=names)
@@ -130,12 +139,13 @@ class Cifar100Config(FetchedConfig):
 )
 def load_cifar100(cfg: Cifar100Config) -> Pool:
     count = 100 if cfg.labels == "fine" else 20
-    if cfg.path is None:
+    path = cfg.path or extracted_in(cfg.data_dir, CIFAR100_FILES, "cifar-100-python")
+    if path is None:
         return load_fetched(
             cfg, "cifar-100-python.tar.gz", CIFAR100_FILES, "meta", f"{cfg.labels}_labels", f"{cfg.labels}_label_names",
             count,
         )  # fmt: skip
-    folder = batch_folder(cfg.path, CIFAR100_FILES, "cifar-100-python", "CIFAR-100")
+    folder = batch_folder(path, CIFAR100_FILES, "cifar-100-python", "CIFAR-100")
     x, y = read_batches(folder, CIFAR100_FILES, f"{cfg.labels}_labels")
     names = label_names(folder / "meta", f"{cfg.labels}_label_names", count)
     return Pool(x, y, count, "cifar100", class_names=names)
