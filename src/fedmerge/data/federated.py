@@ -13,7 +13,7 @@ import torch
 from fedmerge.core.registry import ComponentConfig
 from fedmerge.core.seeding import numpy_rng
 from fedmerge.data.noise import NoiseConfig, apply_label_noise
-from fedmerge.data.partitioners import PARTITIONERS
+from fedmerge.data.partitioners import PARTITIONERS, Partition
 from fedmerge.data.pool import Pool, load_pool, standardize
 from fedmerge.data.split import SplitConfig, split_indices
 from fedmerge.data.transforms import rotate_images
@@ -202,13 +202,51 @@ def build_federated_dataset(
     return federate(load_pool(dataset_cfg), partition_cfg, split_cfg, noise_cfg, seed)
 
 
+def compute_partition(pool: Pool, pcfg: ComponentConfig, seed: int) -> Partition:
+    partition = PARTITIONERS.get(pcfg.name).obj(pcfg, pool, numpy_rng(seed, purpose="partition"))
+    partition.validate(len(pool))
+    return partition
+
+
+def partition_for(pool: Pool, pcfg: ComponentConfig, seed: int) -> Partition:
+    """The partition of ``pool``; for a pool with a cache (fetched datasets), read from or written to it
+    under a key over the pool's contents, every partition option and the seed."""
+    if pool.cache is None:
+        return compute_partition(pool, pcfg, seed)
+    params = {"pool": pool.cache.pool_key, "partition": pcfg.model_dump(mode="json"), "seed": seed}
+    arrays = pool.cache.cache.get_or_build(
+        "partition", params, lambda: partition_to_arrays(compute_partition(pool, pcfg, seed))
+    )
+    partition = partition_from_arrays(arrays)
+    partition.validate(len(pool))
+    return partition
+
+
+def partition_to_arrays(partition: Partition) -> dict[str, np.ndarray]:
+    arrays = {
+        "indices": np.concatenate(partition.indices).astype(np.int64) if partition.indices else np.zeros(0, np.int64),
+        "sizes": np.array([len(i) for i in partition.indices], dtype=np.int64),
+    }
+    if partition.groups is not None:
+        arrays["groups"] = np.asarray(partition.groups, dtype=np.int64)
+    if partition.rotations is not None:
+        arrays["rotations"] = np.asarray(partition.rotations, dtype=np.float64)
+    return arrays
+
+
+def partition_from_arrays(arrays: dict[str, np.ndarray]) -> Partition:
+    indices = np.split(arrays["indices"], np.cumsum(arrays["sizes"])[:-1]) if len(arrays["sizes"]) else []
+    groups = arrays["groups"].tolist() if "groups" in arrays else None
+    rotations = arrays["rotations"].tolist() if "rotations" in arrays else None
+    return Partition(indices, groups=groups, rotations=rotations)
+
+
 def federate(
     pool: Pool, partition_cfg: ComponentConfig | dict, split_cfg: SplitConfig, noise_cfg: NoiseConfig, seed: int
 ) -> FederatedDataset:
     """:func:`build_federated_dataset` on an already loaded pool."""
     pcfg = PARTITIONERS.parse(partition_cfg) if isinstance(partition_cfg, dict) else partition_cfg
-    partition = PARTITIONERS.get(pcfg.name).obj(pcfg, pool, numpy_rng(seed, purpose="partition"))
-    partition.validate(len(pool))
+    partition = partition_for(pool, pcfg, seed)
 
     indices = [np.asarray(idx, dtype=np.int64) for idx in partition.indices]
     splits = [

@@ -10,6 +10,7 @@ from pydantic import Field
 
 from fedmerge.core.registry import ComponentConfig, Registry
 from fedmerge.core.seeding import numpy_rng
+from fedmerge.data.cache import PoolCacheRef
 
 
 @dataclass
@@ -29,6 +30,8 @@ class Pool:
     class_names: list[str] | None = None
     # standardize features with the statistics of the training samples (fedmerge.data.federated)
     standardize: bool = False
+    # where partitions of exactly this pool are cached (fetched datasets); dropped by subset()
+    cache: PoolCacheRef | None = None
 
     def __post_init__(self) -> None:
         n = len(self.x)
@@ -52,7 +55,9 @@ class Pool:
         def pick(a: np.ndarray | None) -> np.ndarray | None:
             return None if a is None else a[idx]
 
-        return replace(self, x=self.x[idx], y=self.y[idx], domain=pick(self.domain), natural_id=pick(self.natural_id))
+        return replace(
+            self, x=self.x[idx], y=self.y[idx], domain=pick(self.domain), natural_id=pick(self.natural_id), cache=None
+        )
 
 
 class DatasetConfig(ComponentConfig):

@@ -1,11 +1,15 @@
 """CIFAR-10 / CIFAR-100 from the standard python pickle batches (the ``*-python.tar.gz`` releases).
 
-The batches are pickles: only point ``path`` at files you trust.
+Either ``path`` (an extracted folder) or the archive that `fedmerge data fetch cifar10|cifar100` verified
+(read in place). The batches are pickles: only point ``path`` at files you trust; a fetched archive
+matched its published checksum.
 """
 
 from __future__ import annotations
 
+import io
 import pickle
+import tarfile
 from pathlib import Path
 from typing import Literal
 
@@ -13,7 +17,8 @@ import numpy as np
 from pydantic import Field
 
 from fedmerge.data.errors import DataUnavailable
-from fedmerge.data.pool import DATASETS, DatasetConfig, Pool
+from fedmerge.data.pool import DATASETS, Pool
+from fedmerge.data.sources.fetched import FetchedConfig, cached_arrays, unit_float
 
 CIFAR10_FILES = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
 CIFAR100_FILES = ["train", "test"]
@@ -32,20 +37,60 @@ def batch_folder(path: str, files: list[str], subdir: str, release: str) -> Path
     )
 
 
+def extracted_in(data_dir: str | None, files: list[str], subdir: str) -> str | None:
+    """``data_dir`` when it holds extracted batches (``--data-dir`` pointed at them, as before the cache)."""
+    if data_dir is None:
+        return None
+    root = Path(data_dir).expanduser()
+    return data_dir if any(all((f / n).is_file() for n in files) for f in (root, root / subdir)) else None
+
+
 def unpickle(path: Path) -> dict:
     with open(path, "rb") as f:
         data = pickle.load(f, encoding="bytes")
     return {k.decode() if isinstance(k, bytes) else k: v for k, v in data.items()}
 
 
+def unpickle_bytes(data: bytes) -> dict:
+    batch = pickle.load(io.BytesIO(data), encoding="bytes")
+    return {k.decode() if isinstance(k, bytes) else k: v for k, v in batch.items()}
+
+
 def read_batches(folder: Path, files: list[str], label_key: str) -> tuple[np.ndarray, np.ndarray]:
-    xs, ys = [], []
-    for name in files:
-        batch = unpickle(folder / name)
-        xs.append(np.asarray(batch["data"], dtype=np.uint8).reshape(-1, 3, 32, 32))
-        ys.append(np.asarray(batch[label_key], dtype=np.int64))
-    x = (np.concatenate(xs).astype(np.float32) / 255.0).astype(np.float32)
-    return x, np.concatenate(ys)
+    x, y = stack_batches([unpickle(folder / name) for name in files], label_key)
+    return unit_float(x), y
+
+
+def stack_batches(batches: list[dict], label_key: str) -> tuple[np.ndarray, np.ndarray]:
+    xs = [np.asarray(b["data"], dtype=np.uint8).reshape(-1, 3, 32, 32) for b in batches]
+    return np.concatenate(xs), np.concatenate([np.asarray(b[label_key], dtype=np.int64) for b in batches])
+
+
+def read_archive(path: Path, files: list[str], meta: str, label_key: str, names_key: str) -> dict[str, np.ndarray]:
+    """The batches (and class names) straight from the fetched ``*-python.tar.gz``."""
+    found: dict[str, dict] = {}
+    with tarfile.open(path, "r:gz") as tf:
+        for member in tf:
+            base = member.name.rsplit("/", 1)[-1]
+            if member.isfile() and base in (*files, meta):
+                found[base] = unpickle_bytes(tf.extractfile(member).read())
+    missing = [f for f in files if f not in found]
+    if missing:
+        raise DataUnavailable(f"{path}: batches {missing} missing (not the python version of CIFAR); fetch it again")
+    x, y = stack_batches([found[f] for f in files], label_key)
+    names = [n.decode() if isinstance(n, bytes) else str(n) for n in found.get(meta, {}).get(names_key, [])]
+    return {"x": x, "y": y, "class_names": np.array(names, dtype=str)}
+
+
+def load_fetched(
+    cfg: FetchedConfig, archive: str, files: list[str], meta: str, label_key: str, names_key: str, count: int
+) -> Pool:
+    arrays, ref = cached_arrays(
+        cfg.name, cfg, {"labels": label_key}, lambda f: read_archive(f[archive], files, meta, label_key, names_key)
+    )
+    names = [str(n) for n in arrays["class_names"]]
+    names = names if len(names) == count else [str(i) for i in range(count)]
+    return Pool(unit_float(arrays["x"]), arrays["y"], count, cfg.name, class_names=names, cache=ref)
 
 
 def label_names(meta_path: Path, key: str, count: int) -> list[str]:
@@ -56,29 +101,51 @@ def label_names(meta_path: Path, key: str, count: int) -> list[str]:
     return [str(i) for i in range(count)]
 
 
-class Cifar10Config(DatasetConfig):
+class Cifar10Config(FetchedConfig):
     name: Literal["cifar10"] = "cifar10"
-    path: str = Field(description="folder holding data_batch_1..5 and test_batch (cifar-10-batches-py)")
+    path: str | None = Field(
+        None,
+        description="folder holding data_batch_1..5 and test_batch (cifar-10-batches-py); default: the fetched archive",
+    )
 
 
-@DATASETS.register("cifar10", config=Cifar10Config, description="CIFAR-10 python batches from dataset.path")
+@DATASETS.register(
+    "cifar10",
+    config=Cifar10Config,
+    description="CIFAR-10 python batches: dataset.path or `fedmerge data fetch cifar10`",
+)
 def load_cifar10(cfg: Cifar10Config) -> Pool:
-    folder = batch_folder(cfg.path, CIFAR10_FILES, "cifar-10-batches-py", "CIFAR-10")
+    path = cfg.path or extracted_in(cfg.data_dir, CIFAR10_FILES, "cifar-10-batches-py")
+    if path is None:
+        return load_fetched(cfg, "cifar-10-python.tar.gz", CIFAR10_FILES, "batches.meta", "labels", "label_names", 10)
+    folder = batch_folder(path, CIFAR10_FILES, "cifar-10-batches-py", "CIFAR-10")
     x, y = read_batches(folder, CIFAR10_FILES, "labels")
     names = label_names(folder / "batches.meta", "label_names", 10)
     return Pool(x, y, 10, "cifar10", class_names=names)
 
 
-class Cifar100Config(DatasetConfig):
+class Cifar100Config(FetchedConfig):
     name: Literal["cifar100"] = "cifar100"
-    path: str = Field(description="folder holding train and test (cifar-100-python)")
+    path: str | None = Field(
+        None, description="folder holding train and test (cifar-100-python); default: the fetched archive"
+    )
     labels: Literal["fine", "coarse"] = Field("fine", description="100 fine classes or 20 superclasses")
 
 
-@DATASETS.register("cifar100", config=Cifar100Config, description="CIFAR-100 python batches from dataset.path")
+@DATASETS.register(
+    "cifar100",
+    config=Cifar100Config,
+    description="CIFAR-100 python batches: dataset.path or `fedmerge data fetch cifar100`",
+)
 def load_cifar100(cfg: Cifar100Config) -> Pool:
-    folder = batch_folder(cfg.path, CIFAR100_FILES, "cifar-100-python", "CIFAR-100")
-    x, y = read_batches(folder, CIFAR100_FILES, f"{cfg.labels}_labels")
     count = 100 if cfg.labels == "fine" else 20
+    path = cfg.path or extracted_in(cfg.data_dir, CIFAR100_FILES, "cifar-100-python")
+    if path is None:
+        return load_fetched(
+            cfg, "cifar-100-python.tar.gz", CIFAR100_FILES, "meta", f"{cfg.labels}_labels", f"{cfg.labels}_label_names",
+            count,
+        )  # fmt: skip
+    folder = batch_folder(path, CIFAR100_FILES, "cifar-100-python", "CIFAR-100")
+    x, y = read_batches(folder, CIFAR100_FILES, f"{cfg.labels}_labels")
     names = label_names(folder / "meta", f"{cfg.labels}_label_names", count)
     return Pool(x, y, count, "cifar100", class_names=names)

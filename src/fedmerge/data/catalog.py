@@ -1,0 +1,232 @@
+"""The papers' datasets: pinned URLs (publisher first, then mirrors) and a checksum for every file.
+
+Every checksum is the publisher's or the one a widely used loader pins; the comment beside each entry
+names it. Files are kept as downloaded (archives are read in place, never extracted) under
+``<data dir>/<dataset>/``; see :mod:`fedmerge.data.download`.
+
+``CATALOG.override(entry)`` swaps one entry for the duration of a ``with`` block (tests point the
+entries at a loopback server with their own small files this way).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from fedmerge.data.download import DownloadError, RemoteFile, fetch_file, resolve_data_dir, verify_file
+from fedmerge.data.errors import DataUnavailable
+
+
+@dataclass(frozen=True)
+class DatasetFiles:
+    """A dataset's files and what a user should know before fetching them."""
+
+    name: str
+    title: str
+    files: tuple[RemoteFile, ...]
+    licence: str
+    homepage: str
+    papers: str  # which of FedMerge / SuPerFed / LIVAR use it
+
+    @property
+    def download_size(self) -> int | None:
+        sizes = [f.size for f in self.files]
+        return None if any(s is None for s in sizes) else sum(sizes)  # type: ignore[misc]
+
+    def folder(self, data_dir: str | Path | None = None) -> Path:
+        return resolve_data_dir(data_dir) / self.name
+
+    def relocated(self, base_url: str, checksums: dict[str, str]) -> DatasetFiles:
+        """The same files served from ``base_url`` (one URL each) with the given checksums (tests)."""
+        files = tuple(
+            replace(f, urls=(f"{base_url.rstrip('/')}/{f.name}",), checksum=checksums[f.name], size=None)
+            for f in self.files
+        )
+        return replace(self, files=files)
+
+
+class Catalog:
+    """Name -> :class:`DatasetFiles`, with a scoped override."""
+
+    def __init__(self, entries: list[DatasetFiles]) -> None:
+        self._entries = {e.name: e for e in entries}
+
+    def get(self, name: str) -> DatasetFiles:
+        try:
+            return self._entries[name]
+        except KeyError:
+            raise DataUnavailable(f"no downloadable dataset {name!r}; known: {', '.join(self.names())}") from None
+
+    def names(self) -> list[str]:
+        return list(self._entries)
+
+    def entries(self) -> list[DatasetFiles]:
+        return list(self._entries.values())
+
+    @contextmanager
+    def override(self, entry: DatasetFiles) -> Iterator[DatasetFiles]:
+        old = self._entries.get(entry.name)
+        self._entries[entry.name] = entry
+        try:
+            yield entry
+        finally:
+            if old is None:
+                del self._entries[entry.name]
+            else:
+                self._entries[entry.name] = old
+
+
+def fetch_command(name: str) -> str:
+    return f"fedmerge data fetch {name}"
+
+
+def fetch_dataset(name: str, data_dir: str | Path | None = None, progressbar: bool = True) -> Path:
+    """Download and verify every file of ``name`` (those already verified are kept); its folder."""
+    entry = CATALOG.get(name)
+    folder = entry.folder(data_dir)
+    for remote in entry.files:
+        fetch_file(remote, folder, progressbar=progressbar)
+    return folder
+
+
+def dataset_files(name: str, data_dir: str | Path | None, download: bool) -> dict[str, Path]:
+    """The verified files of ``name`` by file name, fetched first when ``download``; otherwise a missing
+    file is one line naming ``fedmerge data fetch NAME``."""
+    entry = CATALOG.get(name)
+    folder = entry.folder(data_dir)
+    if download:
+        fetch_dataset(name, data_dir)
+    missing = [f for f in entry.files if not (folder / f.name).is_file()]
+    if missing:
+        where = f" --dir {data_dir}" if data_dir else ""
+        raise DataUnavailable(
+            f"dataset {name!r} is not in {folder} ({missing[0].name} missing): run `{fetch_command(name)}{where}` "
+            "or set dataset.download=true"
+        )
+    return {f.name: folder / f.name for f in entry.files}
+
+
+def check_dataset(name: str, data_dir: str | Path | None = None) -> list[str]:
+    """Names of ``name``'s files that are present but fail their checksum (``fedmerge data list --verify``)."""
+    entry = CATALOG.get(name)
+    folder = entry.folder(data_dir)
+    return [f.name for f in entry.files if (folder / f.name).is_file() and not verify_file(f, folder)]
+
+
+def _r(name: str, urls: list[str], checksum: str, size: int | None, source: str) -> RemoteFile:
+    return RemoteFile(name, tuple(urls), checksum, size, source)
+
+
+TORCHVISION = "torchvision.datasets"
+MNIST_MIRRORS = ["https://ossci-datasets.s3.amazonaws.com/mnist/", "http://yann.lecun.com/exdb/mnist/"]
+EUROSAT_SPLITS_HF = "https://hf.co/datasets/torchgeo/eurosat/resolve/1ce6f1bfb56db63fd91b6ecc466ea67f2509774c/"
+EUROSAT_SPLITS_GCS = "https://storage.googleapis.com/remote_sensing_representations/"
+# Federated-Learning-in-PyTorch (vaseline555, the SuPerFed author), src/datasets/leaf/leaf_utils.py: LEAF's raw sources
+LEAF_LOADER = "vaseline555/Federated-Learning-in-PyTorch leaf_utils.py"
+
+CATALOG = Catalog(
+    [
+        DatasetFiles(
+            "cifar10", "CIFAR-10, 60,000 32x32 colour images, 10 classes",
+            # MD5: torchvision.datasets.CIFAR10.tgz_md5 (the publisher's file)
+            (_r("cifar-10-python.tar.gz", ["https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"],
+                "md5:c58f30108f718f92721af3b95e74349a", 170_498_071, TORCHVISION),),
+            "no licence stated; free for research (Krizhevsky 2009)", "https://www.cs.toronto.edu/~kriz/cifar.html",
+            "SuPerFed",
+        ),
+        DatasetFiles(
+            "cifar100", "CIFAR-100, 60,000 32x32 colour images, 100 classes (20 superclasses)",
+            # MD5: torchvision.datasets.CIFAR100.tgz_md5
+            (_r("cifar-100-python.tar.gz", ["https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz"],
+                "md5:eb9058c3a382ffc7106e4002c42a8d85", 169_001_437, TORCHVISION),),
+            "no licence stated; free for research (Krizhevsky 2009)", "https://www.cs.toronto.edu/~kriz/cifar.html",
+            "FedMerge, SuPerFed, LIVAR",
+        ),
+        DatasetFiles(
+            "mnist", "MNIST, 70,000 28x28 handwritten digits",
+            # MD5s and mirrors: torchvision.datasets.MNIST.resources / .mirrors
+            tuple(
+                _r(f, [m + f for m in MNIST_MIRRORS], f"md5:{md5}", size, TORCHVISION)
+                for f, md5, size in (
+                    ("train-images-idx3-ubyte.gz", "f68b3c2dcbeaaa9fbdd348bbdeb94873", 9_912_422),
+                    ("train-labels-idx1-ubyte.gz", "d53e105ee54ea40749a09fcbcd1e9432", 28_881),
+                    ("t10k-images-idx3-ubyte.gz", "9fb629c4189551a2d022fa330f9573f3", 1_648_877),
+                    ("t10k-labels-idx1-ubyte.gz", "ec29112dd5afa0611ce80d1b7f02629c", 4_542),
+                )
+            ),
+            "CC BY-SA 3.0 (LeCun, Cortes, Burges)", "http://yann.lecun.com/exdb/mnist/", "SuPerFed",
+        ),
+        DatasetFiles(
+            "tiny_imagenet", "Tiny-ImageNet-200, 110,000 labelled 64x64 images, 200 classes",
+            # MD5: Avalanche's TinyImagenet loader (avalanche/benchmarks/datasets/tiny_imagenet), also pinned by
+            # many federated-learning code bases
+            (_r("tiny-imagenet-200.zip", ["http://cs231n.stanford.edu/tiny-imagenet-200.zip"],
+                "md5:90528d7ca1a48142e341f4ef8d21d0de", 248_100_043, "Avalanche (ContinualAI)"),),
+            "ImageNet terms: non-commercial research and education", "http://cs231n.stanford.edu/",
+            "SuPerFed, LIVAR",
+        ),
+        DatasetFiles(
+            "pacs", "PACS, 9,991 images of 7 classes in 4 domains (photo, art painting, cartoon, sketch)",
+            # DomainBed's copy (domainbed/scripts/download.py, Google Drive id 1JFr8f...): kfold/<domain>/<class>/*.jpg.
+            # Neither the authors nor DomainBed (nor any loader we found) publish a checksum for it: the first
+            # download is pinned on this machine (its SHA-256 kept beside it, checked on every later use) and
+            # `fedmerge data fetch pacs` says so. Pin a published checksum here once one exists.
+            (_r("PACS.zip",
+                ["https://drive.usercontent.google.com/download?id=1JFr8f805nMUelQWWmfnJR3y4_SYoN5Pd&export=download&confirm=t"],
+                None, None, "none published (DomainBed's copy)"),),
+            "research use (Li et al., ICCV 2017); images from web sources", "https://domaingeneralization.github.io/",
+            "FedMerge",
+        ),
+        DatasetFiles(
+            "eurosat", "EuroSAT RGB, 27,000 64x64 Sentinel-2 patches, 10 land-use classes",
+            # MD5 and the Hugging Face mirror: torchvision.datasets.EuroSAT.download; split lists (Neumann et al. 2019,
+            # the split TFDS and TorchGeo use) and their MD5s: torchgeo.datasets.EuroSAT.split_md5s
+            (
+                _r("EuroSAT.zip", [
+                    "https://huggingface.co/datasets/torchgeo/eurosat/resolve/c877bcd43f099cd0196738f714544e355477f3fd/EuroSAT.zip",
+                    "https://madm.dfki.de/files/sentinel/EuroSAT.zip",
+                ], "md5:c8fa014336c82ac7804f0398fcb19387", None, TORCHVISION),
+                *(
+                    _r(f"eurosat-{s}.txt", [b + f"eurosat-{s}.txt" for b in (EUROSAT_SPLITS_HF, EUROSAT_SPLITS_GCS)],
+                       f"md5:{md5}", None, "torchgeo.datasets.EuroSAT")
+                    for s, md5 in (("train", "908f142e73d6acdf3f482c5e80d851b1"),
+                                   ("val", "95de90f2aa998f70a3b2416bfe0687b4"),
+                                   ("test", "7ae5ab94471417b6e315763121e67c5f"))
+                ),
+            ),
+            "MIT (Helber et al. 2019)", "https://github.com/phelber/EuroSAT", "LIVAR",
+        ),
+        DatasetFiles(
+            "cub200", "CUB-200-2011, 11,788 bird photographs, 200 species, official train/test split",
+            # MD5: torchvision's Cub2011 (tgz_md5) and TDeVries/cub2011_dataset
+            (_r("CUB_200_2011.tgz", [
+                "https://data.caltech.edu/records/65de6-vp158/files/CUB_200_2011.tgz",
+                "http://www.vision.caltech.edu/visipedia-data/CUB-200-2011/CUB_200_2011.tgz",
+            ], "md5:97eceeb196236b17998738112f37df78", 1_150_585_339, TORCHVISION),),
+            "research and non-commercial use (Caltech); images from Flickr", "https://www.vision.caltech.edu/datasets/cub_200_2011/",
+            "LIVAR",
+        ),
+        DatasetFiles(
+            "femnist", "FEMNIST (LEAF): NIST SD19 handwritten characters, 62 classes, grouped by writer",
+            # LEAF's raw sources (data/femnist/preprocess/get_data.sh); MD5s from LEAF_LOADER
+            (
+                _r("by_class.zip", ["https://s3.amazonaws.com/nist-srd/SD19/by_class.zip"],
+                   "md5:79572b1694a8506f2b722c7be54130c4", None, LEAF_LOADER),
+                _r("by_write.zip", ["https://s3.amazonaws.com/nist-srd/SD19/by_write.zip"],
+                   "md5:a29f21babf83db0bb28a2f77b2b456cb", None, LEAF_LOADER),
+            ),
+            "NIST SD19: public (U.S. government work); LEAF BSD-2-Clause", "https://leaf.cmu.edu/", "SuPerFed",
+        ),
+        DatasetFiles(
+            "shakespeare", "Shakespeare (LEAF): next character of 80-character lines, one client per speaking role",
+            # LEAF's raw source (data/shakespeare/preprocess/get_data.sh); MD5 from LEAF_LOADER
+            (_r("1994-01-100.zip", ["http://www.gutenberg.org/files/100/old/1994-01-100.zip"],
+                "md5:b8d60664a90939fa7b5d9f4dd064a1d5", None, LEAF_LOADER),),
+            "public domain (Project Gutenberg); LEAF BSD-2-Clause", "https://leaf.cmu.edu/", "SuPerFed",
+        ),
+    ]
+)  # fmt: skip
+
+__all__ = ["CATALOG", "Catalog", "DatasetFiles", "DownloadError", "dataset_files", "fetch_dataset"]

@@ -1,0 +1,73 @@
+"""`fedmerge data`: fetch the papers' datasets (verified) and list what is known and cached.
+
+A typer sub-app; the main CLI mounts it with ``app.add_typer(data_commands.app, name="data")``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from fedmerge.data.catalog import CATALOG, check_dataset, fetch_dataset
+from fedmerge.data.download import DATA_DIR_ENV, resolve_data_dir
+from fedmerge.data.errors import DataUnavailable
+
+app = typer.Typer(
+    help="Download the papers' datasets (checksums verified, resumable) and list them.", no_args_is_help=True
+)
+
+DIR_HELP = f"cache root (default: ${DATA_DIR_ENV}, else ~/.cache/fedmerge/data)"
+
+
+def human(size: int | None) -> str:
+    if size is None:
+        return "?"
+    value = float(size)
+    for unit in ("B", "KB", "MB", "GB"):
+        if value < 1000 or unit == "GB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1000
+    return f"{value:.1f} GB"
+
+
+def folder_size(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else 0
+
+
+@app.command("fetch")
+def fetch(
+    name: str = typer.Argument(..., help=f"one of: {', '.join(CATALOG.names())}"),
+    dir: Path | None = typer.Option(None, "--dir", help=DIR_HELP),  # noqa: A002
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bars"),
+) -> None:
+    """Download NAME's files, verify each against its pinned checksum, keep them in the cache."""
+    try:
+        folder = fetch_dataset(name, dir, progressbar=not quiet)
+    except DataUnavailable as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
+    entry = CATALOG.get(name)
+    typer.echo(f"{name}: {len(entry.files)} file(s) verified in {folder} ({human(folder_size(folder))})")
+
+
+@app.command("list")
+def list_(
+    dir: Path | None = typer.Option(None, "--dir", help=DIR_HELP),  # noqa: A002
+    verify: bool = typer.Option(False, "--verify", help="also check every cached file's checksum (reads them all)"),
+) -> None:
+    """Known datasets: cached or not, size, where, licence."""
+    root = resolve_data_dir(dir)
+    typer.echo(f"data dir: {root}")
+    typer.echo(f"{'name':<14} {'status':<10} {'on disk':>9} {'download':>9}  papers; licence")
+    for entry in CATALOG.entries():
+        folder = entry.folder(dir)
+        present = [f for f in entry.files if (folder / f.name).is_file()]
+        status = "cached" if len(present) == len(entry.files) else ("partial" if present else "-")
+        if verify and present and check_dataset(entry.name, dir):
+            status = "DAMAGED"
+        disk = human(folder_size(folder)) if present else "-"
+        typer.echo(
+            f"{entry.name:<14} {status:<10} {disk:>9} {human(entry.download_size):>9}  {entry.papers}; {entry.licence}"
+        )
+    typer.echo(f"fetch one with `fedmerge data fetch NAME` (files go to {root}/NAME)")
