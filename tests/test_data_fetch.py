@@ -9,10 +9,10 @@ import pytest
 from fetch_server import serve, served_dataset, sha256
 from typer.testing import CliRunner
 
+from fedmerge.cli.data import data_app as app
 from fedmerge.data import DataUnavailable
 from fedmerge.data.catalog import CATALOG, check_dataset, dataset_files, fetch_dataset
 from fedmerge.data.download import DownloadError, RemoteFile, default_data_dir, fetch_file, verify_file
-from fedmerge.data_commands import app
 
 PAYLOAD = bytes(range(256)) * 1600  # 400 KB: several 64 KiB chunks
 

@@ -1,7 +1,4 @@
-"""`fedmerge data`: fetch the papers' datasets (verified) and list what is known and cached.
-
-A typer sub-app; the main CLI mounts it with ``app.add_typer(data_commands.app, name="data")``.
-"""
+"""``fedmerge data``: fetch the papers' datasets (verified) and list what is known and cached."""
 
 from __future__ import annotations
 
@@ -9,13 +6,15 @@ from pathlib import Path
 
 import typer
 
+from fedmerge.cli.app import app, fail, new_typer
 from fedmerge.data.catalog import CATALOG, check_dataset, fetch_dataset
 from fedmerge.data.download import DATA_DIR_ENV, resolve_data_dir
 from fedmerge.data.errors import DataUnavailable
 
-app = typer.Typer(
+data_app = new_typer(
     help="Download the papers' datasets (checksums verified, resumable) and list them.", no_args_is_help=True
 )
+app.add_typer(data_app, name="data")
 
 DIR_HELP = f"cache root (default: ${DATA_DIR_ENV}, else ~/.cache/fedmerge/data)"
 
@@ -35,7 +34,7 @@ def folder_size(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else 0
 
 
-@app.command("fetch")
+@data_app.command("fetch")
 def fetch(
     name: str = typer.Argument(..., help=f"one of: {', '.join(CATALOG.names())}"),
     dir: Path | None = typer.Option(None, "--dir", help=DIR_HELP),  # noqa: A002
@@ -45,13 +44,12 @@ def fetch(
     try:
         folder = fetch_dataset(name, dir, progressbar=not quiet)
     except DataUnavailable as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(1) from None
+        fail(str(exc), 1)
     entry = CATALOG.get(name)
     typer.echo(f"{name}: {len(entry.files)} file(s) verified in {folder} ({human(folder_size(folder))})")
 
 
-@app.command("list")
+@data_app.command("list")
 def list_(
     dir: Path | None = typer.Option(None, "--dir", help=DIR_HELP),  # noqa: A002
     verify: bool = typer.Option(False, "--verify", help="also check every cached file's checksum (reads them all)"),
