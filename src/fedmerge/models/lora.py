@@ -34,7 +34,7 @@ class LoRASpec:
     path: str  # a local folder, a Hub name or a timm name: the loader's business
     r: int
     alpha: float
-    targets: tuple[str, ...] | None  # module-name suffixes to adapt; None: peft's default for the architecture
+    targets: tuple[str, ...] | None  # module-name suffixes to adapt; None: the loader's default, else peft's
     layers: tuple[int, ...] | None
     kind: str = "text"  # the loader in LOADERS
     dtype: str = "float32"  # the frozen weights' dtype (the adapters are float32)
@@ -90,10 +90,11 @@ def _load_backbone(spec: LoRASpec, device: torch.device) -> Backbone:
         module, info = LOADERS[spec.kind](spec)  # checks that its packages are installed
         from peft import LoraConfig, inject_adapter_in_model
 
+        targets = spec.targets if spec.targets is not None else info.pop("targets", None)
         lora = LoraConfig(
             r=spec.r,
             lora_alpha=spec.alpha,
-            target_modules=list(spec.targets) if spec.targets is not None else None,
+            target_modules=list(targets) if targets is not None else None,
             layers_to_transform=list(spec.layers) if spec.layers is not None else None,
             lora_dropout=0.0,
             bias="none",
@@ -101,13 +102,13 @@ def _load_backbone(spec: LoRASpec, device: torch.device) -> Backbone:
         try:
             module = inject_adapter_in_model(lora, module)
         except ValueError as exc:  # e.g. no module matches, or no default targets for this architecture
-            targets = list(spec.targets) if spec.targets is not None else "peft's default"
-            raise ValueError(f"LoRA on {spec.path} (target_modules={targets}): {str(exc).splitlines()[0]}") from None
+            named = list(targets) if targets is not None else "peft's default"
+            raise ValueError(f"LoRA on {spec.path} (target_modules={named}): {str(exc).splitlines()[0]}") from None
     module.requires_grad_(False)
     module.eval().to(device)
     names = tuple(n for n, _ in module.named_parameters() if "lora_" in n)
     if not names:
-        raise ValueError(f"no module of {spec.path} matches target_modules={list(spec.targets or ())}")
+        raise ValueError(f"no module of {spec.path} matches target_modules={list(targets or ())}")
     return Backbone(module, names, int(info.pop("hidden")), int(info.pop("pad_id", 0) or 0), threading.Lock(), info)
 
 

@@ -1,5 +1,5 @@
 """Dataset loaders; importing this package registers every built-in dataset in ``DATASETS``."""
 
-from fedmerge.data.sources import cifar, digits, fashion_mnist, text, text_features, user_files
+from fedmerge.data.sources import cifar, digits, fashion_mnist, instructions, text, text_features, user_files
 
-__all__ = ["cifar", "digits", "fashion_mnist", "text", "text_features", "user_files"]
+__all__ = ["cifar", "digits", "fashion_mnist", "instructions", "text", "text_features", "user_files"]
