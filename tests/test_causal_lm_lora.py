@@ -180,7 +180,9 @@ def test_a_model_that_answers_the_references_scores_rouge1_one(lm):
 
     model, x, _, _ = lm
     vocab = model.backbone(torch.device("cpu")).module.config.vocab_size
-    m = generative_metrics(model, oracle(x, vocab - 1), x, 64)
+    predict = oracle(x, vocab - 1)
+    assert model.generate_answers(predict, x, 64) == model.reference_answers(x)  # token for token, EOS stops it
+    m = generative_metrics(model, predict, x, 64)
     assert m["rouge1"] == pytest.approx(1.0) and m["n"] == len(x)
     assert m["nll"] < 1e-6
     # the references are the records' outputs, decoded (EOS left out)
