@@ -171,3 +171,22 @@ def test_timm_backend_adapts_timm_block_layers_and_uses_its_pretrained_cfg(monke
     torch.manual_seed(0)
     with torch.no_grad():
         torch.testing.assert_close(model.features(x), _FakeTimmViT()(pixels))
+
+
+def test_a_model_neither_cached_nor_downloadable_is_refused_in_one_line(tmp_path):
+    # A fresh process: the Hub library reads HF_HUB_OFFLINE when it is imported.
+    import os
+    import subprocess
+
+    env = dict(
+        os.environ, HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "empty-cache"), PYTHONPATH=os.pathsep.join(sys.path)
+    )
+    cmd = [sys.executable, "-m", "fedmerge.cli", "run", "dataset.name=digits", "model.name=vit_lora",
+           "model.model=no-such-org/no-such-vit", f"output_dir={tmp_path}", "--no-progress"]  # fmt: skip
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, out.stderr
+    assert "'no-such-org/no-such-vit'" in lines[0] and "hf download no-such-org/no-such-vit" in lines[0]
+    assert "HF_HOME" in lines[0] and "local folder" in lines[0]
+    assert not list(tmp_path.glob("*/metrics.jsonl"))  # refused before a run folder exists
