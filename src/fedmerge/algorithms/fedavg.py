@@ -1,4 +1,8 @@
-"""FedAvg (McMahan et al. 2017): local SGD, server averages weights by sample counts."""
+"""FedAvg (McMahan et al. 2017): local SGD, server averages weights by sample counts.
+
+On a LoRA model (``minilm_lora``, ``vit_lora``, ``causal_lm_lora``) the weights are the adapters (and
+head), so FedAvg is FedIT (Zhang et al. 2024, federated instruction tuning): there is no separate entry.
+"""
 
 from __future__ import annotations
 

@@ -51,7 +51,7 @@ class FedLoRA(Algorithm):
         super().__init__(config, model_factory, num_clients, seed)
         probe = model_factory(torch.Generator().manual_seed(0))
         if not hasattr(probe, "adapter_keys"):
-            raise ValueError("fedlora needs a LoRA model (model.name=minilm_lora)")
+            raise ValueError("fedlora needs a LoRA model (model.name=minilm_lora, vit_lora or causal_lm_lora)")
         self.shared_keys: list[str] = probe.adapter_keys()
 
     # --- server ------------------------------------------------------------------------

@@ -64,6 +64,9 @@ class Step:
 ExtraLoss = Callable[[Step], torch.Tensor]
 StepHook = Callable[[Step], None]
 BatchLoss = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+# A model that is not a classifier owns its loss: ``model.task_loss(output, x, y)`` (e.g. a causal LM's
+# next-token cross-entropy on the answer tokens, whose targets are in x, not y).
+ModelLoss = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def batch_slices(n: int, batch_size: int) -> list[slice]:
@@ -127,6 +130,8 @@ def local_sgd(
     forward through interpolated weights with ``torch.func.functional_call``); ``params`` must then
     name the tensors it trains. ``loss_fn(logits, y, idx)`` replaces the mean cross-entropy as the
     task loss; ``idx`` are the batch's sample indices into (x, y), for per-sample weights (FedEM).
+    Without it the task loss is the model's own ``task_loss(output, x, y)`` when it has one (a model
+    that is not a classifier, ``causal_lm_lora``), else the mean cross-entropy.
 
     Hooks, each called with the :class:`Step` in progress, in this order: ``before_forward`` (the
     batch is drawn, nothing computed yet), ``extra_loss`` (added to the task loss; ``step.logits``
@@ -160,6 +165,7 @@ def _train(
     loss_fn: BatchLoss | None,
 ) -> TrainStats:
     n = int(y.shape[0])
+    model_loss: ModelLoss | None = getattr(model, "task_loss", None)
     losses: list[torch.Tensor] = []  # summed once at the end: no per-step conversion (nor device sync)
     steps = samples = 0
     for idx in iterate_minibatches(n, cfg.batch_size, generator, cfg.local_epochs, cfg.local_steps, x.device):
@@ -169,7 +175,12 @@ def _train(
         optimizer.zero_grad(set_to_none=True)
         with running_statistics(model) if idx.shape[0] == 1 else nullcontext():
             step.logits = model(step.x) if forward is None else forward(step.x)
-        task_loss = F.cross_entropy(step.logits, step.y) if loss_fn is None else loss_fn(step.logits, step.y, idx)
+        if loss_fn is not None:
+            task_loss = loss_fn(step.logits, step.y, idx)
+        elif model_loss is not None:
+            task_loss = model_loss(step.logits, step.x, step.y)
+        else:
+            task_loss = F.cross_entropy(step.logits, step.y)
         loss = task_loss if extra_loss is None else task_loss + extra_loss(step)
         loss.backward()
         if before_step is not None:
@@ -242,6 +253,19 @@ def predict_logits(model: nn.Module, x: torch.Tensor, batch_size: int = 1024) ->
 
 
 def mean_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 1024) -> float:
-    """Cross-entropy of ``model`` on (x, y) in eval mode (e.g. the loss of a received model)."""
+    """Cross-entropy of ``model`` on (x, y) in eval mode (e.g. the loss of a received model). For a model
+    with its own ``task_loss``: that loss per batch, averaged over the batches weighted by their rows."""
+    model_loss = getattr(model, "task_loss", None)
+    if model_loss is not None:
+        if not y.numel():
+            return float("nan")
+        set_train_mode(model, False)
+        with torch.no_grad():
+            total = sum(
+                float(model_loss(model(x[i : i + batch_size]), x[i : i + batch_size], y[i : i + batch_size]))
+                * int(y[i : i + batch_size].shape[0])
+                for i in range(0, int(y.shape[0]), batch_size)
+            )
+        return total / int(y.shape[0])
     logits = predict_logits(model, x, batch_size)
     return float(F.cross_entropy(logits, y)) if y.numel() else float("nan")

@@ -8,7 +8,7 @@ from fedmerge.core.algorithm import Algorithm, ClientContext, ClientDataLike, Pr
 from fedmerge.core.model_state import load_state
 from fedmerge.core.training import predict_logits
 from fedmerge.core.types import ClientState, Payload
-from fedmerge.metrics import classification_metrics
+from fedmerge.metrics import classification_metrics, generation_metrics
 
 Metrics = dict[str, float]
 
@@ -52,9 +52,30 @@ def evaluate_client(
             x, y = getattr(data, f"x_{split}", None), getattr(data, f"y_{split}", None)
             if y is None or y.numel() == 0:
                 continue
-            logits = predict_batched(predictor, x, batch_size)
-            out.update({f"{prefix}{split}_{k}": v for k, v in classification_metrics(logits, y).items()})
+            if is_generative(ctx.model):
+                metrics = generative_metrics(ctx.model, predictor, x, batch_size)
+            else:
+                metrics = classification_metrics(predict_batched(predictor, x, batch_size), y)
+            out.update({f"{prefix}{split}_{k}": v for k, v in metrics.items()})
     return out
+
+
+def is_generative(model: torch.nn.Module) -> bool:
+    """A model that generates text (``causal_lm_lora``): scored on its answers, not on logits per class."""
+    return hasattr(model, "generate_answers")
+
+
+@torch.no_grad()
+def generative_metrics(
+    model: torch.nn.Module, predictor: Predictor | torch.nn.Module, x: torch.Tensor, batch_size: int
+) -> Metrics:
+    """ROUGE-1 of the greedy answers to the split's prompts, the answer tokens' cross-entropy, and n."""
+    if isinstance(predictor, torch.nn.Module):
+        predictor.eval()
+    batch_size = min(batch_size, int(getattr(model, "eval_batch_size", batch_size)))
+    nll_sum, tokens = model.answer_nll(predictor, x, batch_size)
+    answers = model.generate_answers(predictor, x, batch_size)
+    return generation_metrics(nll_sum, tokens, answers, model.reference_answers(x), model.rouge_tokenizer)
 
 
 @torch.no_grad()

@@ -39,7 +39,7 @@ from fedmerge.core.training import predict_logits
 from fedmerge.core.types import ClientState, Payload
 from fedmerge.metrics.classification import segment_metrics
 
-from .evaluation import SPLITS, evaluate_client
+from .evaluation import SPLITS, evaluate_client, is_generative
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +93,9 @@ class GroupedEvaluator:
         self._test_pass: tuple[_Fingerprint, _Inputs, torch.Tensor] | None = None  # the last test pass
         self._pooled_match: _Inputs | None = None  # a test concatenation found equal to the pooled test
         self._checked: set[str] = set()  # splits whose grouped logits were checked once
-        self.grouping = True  # False once a check failed: every client takes the per-client path
+        # False once a check failed, or for a generative model (no logits per class to concatenate):
+        # every client takes the per-client path
+        self.grouping = not is_generative(model)
 
     def evaluate(self, algorithm: Algorithm, payloads: dict[int, Payload], prepare: Prepare) -> dict[int, Metrics]:
         """Metrics of each client in ``payloads``. ``prepare(cid)`` does what the per-client path does

@@ -17,7 +17,7 @@ from fedmerge.core.training import predict_logits
 from fedmerge.core.types import ClientState, Payload, ServerState, Update
 from fedmerge.metrics import classification_metrics
 
-from .evaluation import evaluate_client, seed_global_rng
+from .evaluation import evaluate_client, is_generative, seed_global_rng
 from .grouped_eval import GroupedEvaluator
 from .vectorized import fit_vectorized
 from .workers import WorkerPool
@@ -193,8 +193,8 @@ class LocalEngine:
 
     def evaluate_global(self, algorithm: Algorithm, state: ServerState) -> Metrics | None:
         weights = algorithm.global_model(state)
-        if weights is None or self.pooled_test is None:
-            return None
+        if weights is None or self.pooled_test is None or is_generative(self.model):
+            return None  # a generative model's clients' figures are the global model's on their splits
         if self._pooled is None:  # the data never change: concatenate once
             self._pooled = self.pooled_test()
         x, y = self._pooled

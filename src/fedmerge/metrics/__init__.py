@@ -1,13 +1,16 @@
-"""Classification metrics on logits and their summaries across clients."""
+"""Classification metrics on logits, metrics of generated text, and their summaries across clients."""
 
 from .classification import calibration_errors, classification_metrics, nll, topk_accuracy
+from .generation import generation_metrics, rouge1_scores
 from .summary import lower_is_better, summarize, summarize_clients
 
 __all__ = [
     "calibration_errors",
     "classification_metrics",
+    "generation_metrics",
     "lower_is_better",
     "nll",
+    "rouge1_scores",
     "summarize",
     "summarize_clients",
     "topk_accuracy",

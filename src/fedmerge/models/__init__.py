@@ -1,6 +1,6 @@
 """Model builders by name. Every model names its last layer ``classifier`` (see ``head_prefix``)."""
 
-from . import auto, cnn, lstm, mlp, mobilenet, resnet, text, vgg  # noqa: F401  (imports register the models)
+from . import auto, causal_lm, cnn, lstm, mlp, mobilenet, resnet, text, vgg, vit  # noqa: F401  (imports register the models)
 from .auto import AutoConfig
 from .cnn import TwoCNN, TwoCNNConfig
 from .lstm import CharLSTM, LSTMConfig

@@ -60,7 +60,8 @@ def check_compatibility(
         raise ConfigError(f"{where}: {first_line(exc)}{hint}") from None
     finally:
         model.train(was_training)
-    if tuple(logits.shape) != (len(sample), num_classes):
+    # a model with its own task loss (a causal LM) is not a classifier: its outputs are its business
+    if not hasattr(model, "task_loss") and tuple(logits.shape) != (len(sample), num_classes):
         raise ConfigError(f"{where}: it returns shape {tuple(logits.shape)}, expected (N, {num_classes})")
     if getattr(cfg.algorithm, "batch_size", None) == 1 and any(isinstance(m, _BatchNorm) for m in model.modules()):
         raise ConfigError(

@@ -7,7 +7,7 @@ from typing import Any
 
 from fedmerge.metrics import summarize
 
-HEADLINE = ("test_acc", "test_top5", "test_nll", "test_ece", "test_mce")
+HEADLINE = ("test_acc", "test_top5", "test_rouge1", "test_nll", "test_ece", "test_mce")
 TIMING_KEYS = ("fit_seconds", "eval_seconds", "wall_seconds", "elapsed_seconds")
 
 

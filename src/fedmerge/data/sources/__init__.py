@@ -4,6 +4,7 @@ from fedmerge.data.sources import (
     cifar,
     digits,
     fashion_mnist,
+    instructions,
     leaf,
     paper_images,
     text,
@@ -11,4 +12,14 @@ from fedmerge.data.sources import (
     user_files,
 )
 
-__all__ = ["cifar", "digits", "fashion_mnist", "leaf", "paper_images", "text", "text_features", "user_files"]
+__all__ = [
+    "cifar",
+    "digits",
+    "fashion_mnist",
+    "instructions",
+    "leaf",
+    "paper_images",
+    "text",
+    "text_features",
+    "user_files",
+]
