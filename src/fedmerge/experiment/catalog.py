@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
+from fedmerge.algorithms.privacy import PrivacySettings
 from fedmerge.core.registry import Registry
 from fedmerge.data import NoiseConfig, SplitConfig
 
@@ -19,6 +20,7 @@ SECTIONS: dict[str, type[BaseModel]] = {
     "flower": FlowerSettings,
     "log": LogSettings,
     "state": StateSettings,
+    "privacy": PrivacySettings,
 }
 _KIND_WORDS = {"algorithms": "algorithm", "datasets": "dataset", "partitioner": "partition", "models": "model"}
 _KIND_WORDS |= {"partitioners": "partition", "partitions": "partition", "settings": "run"}

@@ -16,7 +16,8 @@ import torch
 from pydantic import BaseModel
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from fedmerge.algorithms import ALGORITHMS, Algorithm
+from fedmerge.algorithms import Algorithm
+from fedmerge.algorithms.privacy import build_algorithm, privacy_problem
 from fedmerge.core.checkpoint import (
     CLIENT_STORE,
     LATEST,
@@ -213,11 +214,25 @@ def run_experiment(
     def model_factory(generator: torch.Generator) -> torch.nn.Module:
         return build_model(cfg.model, input_shape, num_classes, generator=generator)
 
-    entry = ALGORITHMS.get(cfg.algorithm.name)
+    privacy = getattr(cfg, "privacy", None)
+    if privacy is not None:
+        problem = privacy_problem(cfg.algorithm.name, privacy, model, sample.to(device))
+        if problem is None and cfg.vectorize:
+            problem = "vectorize: not with privacy (DP-SGD's per-sample step and the private aggregate run per client)"
+        if problem is not None:
+            raise ConfigError(problem)
     try:
-        algorithm = entry.obj(cfg.algorithm, model_factory, num_clients, cfg.seed)
+        algorithm = build_algorithm(
+            cfg.algorithm, model_factory, num_clients, cfg.seed, privacy,
+            rounds=cfg.rounds, participation=cfg.participation,
+        )  # fmt: skip
     except ValueError as exc:  # settings that conflict with the model or the data (e.g. fedlora without LoRA)
         raise ConfigError(f"algorithm {cfg.algorithm.name!r}: {str(exc).splitlines()[0]}") from None
+    if privacy is not None:  # e.g. a target epsilon that no noise achieves
+        sizes = [int(c.y_train.shape[0]) for c in data.clients] if data is not None else []
+        problem = algorithm.noise_problem(sizes)
+        if problem is not None:
+            raise ConfigError(problem)
     if cfg.vectorize:
         problem = vectorize_problem(algorithm, model)
         if problem is None and (cfg.engine != "local" or cfg.workers != 1):
@@ -377,6 +392,8 @@ def _run(
         "client_groups": groups if all(g is not None for g in groups) else None,
         "wall_seconds": time.perf_counter() - t_start,
     }
+    if hasattr(algorithm, "privacy_summary"):  # privacy: the guarantees spent (per client for DP-SGD)
+        info["privacy"] = algorithm.privacy_summary(state)
     summary = build_summary(rows, info)
     store.write_summary(summary, summary_markdown(summary))
     return RunResult(store.dir, summary, state)
