@@ -23,7 +23,7 @@ from fedmerge.algorithms.privacy import PrivacySettings, PrivateAlgorithm, adapt
 from fedmerge.core.algorithm import ClientContext
 from fedmerge.core.privacy import Ledger, PrivateGradients, clip_to_norm, flat_norm, noise_for_epsilon
 from fedmerge.core.training import LocalTraining, local_sgd
-from fedmerge.core.types import ClientState, Payload, ServerState, Update
+from fedmerge.core.types import ClientState, ServerState, Update
 from fedmerge.experiment.config import ConfigError, load_config, to_yaml
 from fedmerge.experiment.results import RunStore
 

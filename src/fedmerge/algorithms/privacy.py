@@ -101,9 +101,7 @@ class PrivacySettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    dp_sgd: DPSGDSettings | None = Field(
-        None, description="sample-level DP-SGD in every client's local training"
-    )
+    dp_sgd: DPSGDSettings | None = Field(None, description="sample-level DP-SGD in every client's local training")
     central: CentralDPSettings | None = Field(None, description="user-level DP on the server's aggregate")
 
     @model_validator(mode="after")
