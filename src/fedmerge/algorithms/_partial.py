@@ -69,7 +69,10 @@ class PartialSharingAlgorithm(Algorithm):
     # --- client --------------------------------------------------------------------------
     def local_train(self, data: ClientDataLike, ctx: ClientContext) -> tuple[TrainStats, dict[str, Any]]:
         """Train the assembled ``ctx.model``; returns the stats and extra update meta."""
-        return local_sgd(ctx.model, data.x_train, data.y_train, self.config, ctx.generator("train")), {}
+        stats = local_sgd(
+            ctx.model, data.x_train, data.y_train, self.config, ctx.generator("train"), private=ctx.private
+        )
+        return stats, {}
 
     def client_update(
         self, payload: Payload, data: ClientDataLike, state: ClientState, ctx: ClientContext

@@ -72,6 +72,11 @@ def alpha_step(alpha: float, grad: float, lr: float, decay: float) -> float:
 )
 class APFL(GlobalModelAlgorithm):
     name = "apfl"
+    dp_sgd_refusal = (
+        "takes mixed steps of its personal and global models (the mixture's loss reads the training data "
+        "through both), which local_sgd's DP step does not privatise"
+    )
+    central_dp_refusal = None
 
     def init_client_state(self, cid: int) -> ClientState:
         return ClientState(self.initial_weights(), {"alpha": self.config.alpha})

@@ -64,7 +64,7 @@ def train_received(
     received = gap_loss(ctx.model, xg, yg)
     stats = local_sgd(
         ctx.model, data.x_train, data.y_train, cfg, ctx.generator("train"),
-        extra_loss=extra_loss, before_step=before_step, after_step=after_step,
+        extra_loss=extra_loss, before_step=before_step, after_step=after_step, private=ctx.private,
     )  # fmt: skip
     return {
         "num_examples": int(data.y_train.shape[0]),
@@ -122,6 +122,12 @@ class StatisticsAlgorithm(GlobalModelAlgorithm):
     """FedAvg's training whose clients also send statistics of their trained model (input Grams,
     Fishers, class moments) next to its weights, under ``stats_prefix``; the server splits them off
     with :meth:`split` and merges with them (RegMean, Fisher averaging, CCVR, LIVAR)."""
+
+    dp_sgd_refusal = (
+        "sends statistics of its raw training data (Grams, Fishers, class moments, importances) that DP-SGD "
+        "does not cover"
+    )
+    central_dp_refusal = "merges with per-client statistics, so its server needs each update: not a mean"
 
     stats_prefix: ClassVar[str]
 

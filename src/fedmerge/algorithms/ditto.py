@@ -54,6 +54,8 @@ class DittoConfig(AlgorithmConfig):
 )
 class Ditto(GlobalModelAlgorithm):
     name = "ditto"
+    dp_sgd_refusal = None
+    central_dp_refusal = None
 
     def init_client_state(self, cid: int) -> ClientState:
         return ClientState(self.initial_weights())
@@ -90,6 +92,7 @@ class Ditto(GlobalModelAlgorithm):
             ctx.generator("train"),
             extra_loss=personal_loss,
             optimizer=opt,
+            private=ctx.private,  # DP-SGD on w (sent); v never leaves the client
         )
         meta = probe.meta(ctx, data, stats)
         return Update(model_weights(ctx), meta), ClientState(v.state(), dict(state.meta))

@@ -20,4 +20,6 @@ class FedAvgConfig(AlgorithmConfig):
 @ALGORITHMS.register("fedavg", config=FedAvgConfig, description="FedAvg: local SGD, weights averaged by sample count")
 class FedAvg(GlobalModelAlgorithm):
     name = "fedavg"
+    dp_sgd_refusal = None
+    central_dp_refusal = None
     vectorizable = True

@@ -134,6 +134,11 @@ def train_component(
 )
 class FedEM(Algorithm):
     name = "fedem"
+    dp_sgd_refusal = (
+        "weights each sample's loss by its mixture responsibility (an E-step on the training data), which "
+        "local_sgd's DP step does not privatise"
+    )
+    central_dp_refusal = "averages each component model by the clients' responsibilities, not one mean"
     config: FedEMConfig
 
     # --- state layout --------------------------------------------------------------------

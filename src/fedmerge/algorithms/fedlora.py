@@ -45,6 +45,10 @@ class FedLoRAConfig(AlgorithmConfig):
 )
 class FedLoRA(Algorithm):
     name = "fedlora"
+    dp_sgd_refusal = (
+        "trains through a LoRA forward (forward=...), whose per-sample gradients local_sgd's DP step does not form"
+    )
+    central_dp_refusal = None
     config: FedLoRAConfig
 
     def __init__(self, config: FedLoRAConfig, model_factory: ModelFactory, num_clients: int, seed: int) -> None:

@@ -246,6 +246,10 @@ class FlatLayout:
 )
 class FedMerge(Algorithm):
     name = "fedmerge"
+    dp_sgd_refusal = None
+    central_dp_refusal = (
+        "merges the clients' models with per-client learned weights, so its server needs each update: not a mean"
+    )
     config: FedMergeConfig
 
     def __init__(self, config: FedMergeConfig, model_factory: ModelFactory, num_clients: int, seed: int) -> None:

@@ -23,4 +23,6 @@ class FedPerConfig(AlgorithmConfig):
 @ALGORITHMS.register("fedper", config=FedPerConfig, description="FedPer: shared body, personal head (joint training)")
 class FedPer(PartialSharingAlgorithm):
     name = "fedper"
+    dp_sgd_refusal = None
+    central_dp_refusal = None
     share_head = False

@@ -74,6 +74,8 @@ def prototype_loss(features: torch.Tensor, y: torch.Tensor, prototypes: torch.Te
 )
 class FedProto(Algorithm):
     name = "fedproto"
+    dp_sgd_refusal = "sends class prototypes (feature means of its training data), which DP-SGD does not cover"
+    central_dp_refusal = "aggregates class prototypes per class, not one mean of updates"
     config: FedProtoConfig
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

@@ -34,6 +34,8 @@ def proximal_term(mu: float, anchor: dict[str, torch.Tensor]) -> ExtraLoss:
 )
 class FedProx(GlobalModelAlgorithm):
     name = "fedprox"
+    dp_sgd_refusal = None
+    central_dp_refusal = None
     vectorizable = True
 
     def plain_sgd(self, payload: Payload, state: ClientState) -> PlainSGD:

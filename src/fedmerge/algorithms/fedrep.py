@@ -38,6 +38,8 @@ class FedRepConfig(AlgorithmConfig):
 @ALGORITHMS.register("fedrep", config=FedRepConfig, description="FedRep: personal head trained first, then shared body")
 class FedRep(PartialSharingAlgorithm):
     name = "fedrep"
+    dp_sgd_refusal = None
+    central_dp_refusal = None
     share_head = False
 
     def phase(self, data: ClientDataLike, ctx: ClientContext, names: set[str], epochs: int, purpose: str) -> TrainStats:
@@ -47,7 +49,7 @@ class FedRep(PartialSharingAlgorithm):
             **{**self.config.model_dump(include=set(LocalTraining.model_fields)), "local_epochs": epochs}
         )
         with trainable_only(ctx.model, names):
-            return local_sgd(ctx.model, data.x_train, data.y_train, cfg, ctx.generator(purpose))
+            return local_sgd(ctx.model, data.x_train, data.y_train, cfg, ctx.generator(purpose), private=ctx.private)
 
     def local_train(self, data: ClientDataLike, ctx: ClientContext) -> tuple[TrainStats, dict[str, Any]]:
         names = [n for n, _ in ctx.model.named_parameters()]

@@ -77,6 +77,11 @@ def choose_cluster(model: torch.nn.Module, models: list[StateDict], x: torch.Ten
 @ALGORITHMS.register("ifca", config=IFCAConfig, description="IFCA: k cluster models, clients join the lowest-loss one")
 class IFCA(Algorithm):
     name = "ifca"
+    dp_sgd_refusal = (
+        "chooses its cluster by the losses of every cluster model on its training data and sends that choice,"
+        " which DP-SGD does not cover"
+    )
+    central_dp_refusal = "averages per cluster, so its server needs each client's cluster"
     config: IFCAConfig
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

@@ -23,4 +23,6 @@ class LGFedAvgConfig(AlgorithmConfig):
 @ALGORITHMS.register("lg_fedavg", config=LGFedAvgConfig, description="LG-FedAvg: local body, global head")
 class LGFedAvg(PartialSharingAlgorithm):
     name = "lg_fedavg"
+    dp_sgd_refusal = None
+    central_dp_refusal = None
     share_head = True

@@ -30,6 +30,8 @@ class LocalConfig(AlgorithmConfig):
 @ALGORITHMS.register("local", config=LocalConfig, description="Local: each client trains alone, no communication")
 class Local(Algorithm):
     name = "local"
+    dp_sgd_refusal = None
+    central_dp_refusal = "sends nothing to the server"
 
     def init_server_state(self) -> ServerState:
         return ServerState()
@@ -44,7 +46,9 @@ class Local(Algorithm):
         self, payload: Payload, data: ClientDataLike, state: ClientState, ctx: ClientContext
     ) -> tuple[Update, ClientState]:
         load_weights(ctx, state.tensors)
-        stats = local_sgd(ctx.model, data.x_train, data.y_train, self.config, ctx.generator("train"))
+        stats = local_sgd(
+            ctx.model, data.x_train, data.y_train, self.config, ctx.generator("train"), private=ctx.private
+        )
         meta = {"num_examples": int(data.y_train.shape[0]), "train_loss": stats.loss, "steps": stats.steps}
         return Update(meta=meta), ClientState(model_weights(ctx), dict(state.meta))
 

@@ -49,6 +49,11 @@ class PFedMeConfig(AlgorithmConfig):
 )
 class PFedMe(GlobalModelAlgorithm):
     name = "pfedme"
+    dp_sgd_refusal = (
+        "solves an inner problem on each minibatch and steps through the personalised model, which "
+        "local_sgd's DP step does not privatise"
+    )
+    central_dp_refusal = "steps from the old model by beta times the mean (more than a mean when beta > 1)"
 
     def aggregate(self, state: ServerState, rnd: int, updates: dict[int, Update]) -> ServerState:
         avg = average_updates(updates)

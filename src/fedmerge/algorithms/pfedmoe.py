@@ -175,6 +175,10 @@ def strip_prefix(prefix: str, tensors: dict[str, torch.Tensor]) -> StateDict:
 )
 class PFedMoE(Algorithm):
     name = "pfedmoe"
+    dp_sgd_refusal = (
+        "trains a gated mixture of experts as a separate module, which local_sgd's DP step does not privatise"
+    )
+    central_dp_refusal = "has not been checked for central DP"
     config: PFedMoEConfig
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

@@ -55,6 +55,11 @@ def split_control(tensors: dict[str, torch.Tensor]) -> tuple[StateDict, StateDic
 @ALGORITHMS.register("scaffold", config=ScaffoldConfig, description="SCAFFOLD: control variates (option II)")
 class Scaffold(GlobalModelAlgorithm):
     name = "scaffold"
+    dp_sgd_refusal = None
+    central_dp_refusal = (
+        "also sums control-variate updates (scaled by 1/N) beside the model mean, which one clipping bound "
+        "does not cover"
+    )
 
     def init_server_state(self) -> ServerState:
         weights = self.initial_weights()
@@ -88,7 +93,10 @@ class Scaffold(GlobalModelAlgorithm):
                     p.grad.add_(correction[n])
 
         gen = ctx.generator("train")
-        stats = local_sgd(ctx.model, data.x_train, data.y_train, cfg, gen, before_step=correct_gradients)
+        # DP-SGD privatises the gradient; the correction c - c_i (post-processing) is added after it
+        stats = local_sgd(
+            ctx.model, data.x_train, data.y_train, cfg, gen, before_step=correct_gradients, private=ctx.private
+        )
         y = model_weights(ctx)
         meta = probe.meta(ctx, data, stats)
         if not cfg.control_variates or stats.steps == 0:

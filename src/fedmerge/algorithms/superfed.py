@@ -110,6 +110,11 @@ def cos_squared(wf: Tensors, wl: Tensors, eps: float = 0.0) -> torch.Tensor:
 
 class SuPerFed(GlobalModelAlgorithm):
     name = "superfed_mm"
+    dp_sgd_refusal = (
+        "trains its federated and local models through one interpolated forward per step, whose per-sample "
+        "gradients local_sgd's DP step does not form"
+    )
+    central_dp_refusal = None
     mode: ClassVar[str] = "mm"
 
     def init_client_state(self, cid: int) -> ClientState:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
+from fedmerge.algorithms.privacy import PrivacySettings
 from fedmerge.config.schema import COMPONENT_SECTIONS, FlowerSettings, LogSettings, RunSettings, StateSettings
 from fedmerge.config.schema_docs import did_you_mean
 from fedmerge.core.registry import Registry
@@ -18,6 +19,7 @@ SECTIONS: dict[str, type[BaseModel]] = {
     "flower": FlowerSettings,
     "log": LogSettings,
     "state": StateSettings,
+    "privacy": PrivacySettings,
 }
 _KIND_WORDS = {"algorithms": "algorithm", "datasets": "dataset", "partitioner": "partition", "models": "model"}
 _KIND_WORDS |= {"partitioners": "partition", "partitions": "partition", "settings": "run"}

@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
 
 from fedmerge.algorithms import ALGORITHMS
+from fedmerge.algorithms.privacy import PrivacySettings
 from fedmerge.config.schema_docs import did_you_mean, keys_at
 from fedmerge.core.loop import EVAL_CLIENTS_HELP, parse_eval_clients
 from fedmerge.core.registry import Registry
@@ -116,6 +117,8 @@ class RunSettings(BaseModel):
     )
     # None: defaults; omitted from config.yaml so that existing run folders stay unchanged
     log: LogSettings | None = Field(None, description="extra outputs (fedmerge list log)")
+    # None: no differential privacy; omitted from config.yaml so that existing run folders stay unchanged
+    privacy: PrivacySettings | None = Field(None, description="differential privacy (fedmerge list privacy)")
     device: str = Field("cpu", pattern=r"^(cpu|cuda(:\d+)?|mps|auto)$", description="cpu, cuda, cuda:N, mps or auto")
     output_dir: str = Field("runs", description="where run folders are created")
     eval_batch_size: int = Field(1024, ge=1, description="batch size of evaluation (memory only, not results)")
@@ -401,6 +404,7 @@ def defaults_left_out(cfg: BaseModel) -> set[str]:
     """Keys added after run folders existed, left out of config.yaml (and the digest) at their default."""
     left_out = {"eval_clients"} if getattr(cfg, "eval_clients", "all") == "all" else set()
     left_out |= {"vectorize"} if not getattr(cfg, "vectorize", False) else set()
+    left_out |= {"privacy"} if getattr(cfg, "privacy", None) is None else set()
     return left_out | ({"keep_freed_memory"} if getattr(cfg, "keep_freed_memory", True) else set())
 
 

@@ -20,6 +20,7 @@ from typing import Any, ClassVar, Protocol
 import torch
 from torch import nn
 
+from .privacy import PrivateGradients
 from .registry import ComponentConfig, Registry
 from .seeding import torch_generator
 from .training import LocalTraining
@@ -71,6 +72,8 @@ class ClientContext:
     seed: int
     round: int
     cid: int
+    # DP-SGD for this client's local training (``privacy.dp_sgd``); methods admitting it pass it to local_sgd
+    private: PrivateGradients | None = None
 
     def generator(self, purpose: str) -> torch.Generator:
         return torch_generator(self.seed, self.round, self.cid, purpose)
@@ -89,6 +92,12 @@ class Algorithm(ABC):
     """A federated method. Subclasses are registered in ``ALGORITHMS`` with a typed config."""
 
     name: ClassVar[str]
+    # Privacy mechanisms the method admits (docs/deployment.md, "Privacy"): None when it does, else why not
+    # (one line, completing "{name} ..."). DP-SGD needs every training step that shapes what the client
+    # sends to be local_sgd's task-loss step with ``ctx.private``; central DP an aggregate that is a
+    # (weighted) mean of the updates' tensors, each the client's new value of a server-state tensor.
+    dp_sgd_refusal: ClassVar[str | None] = "has not been checked for DP-SGD"
+    central_dp_refusal: ClassVar[str | None] = "has not been checked for central DP"
 
     def __init__(self, config: AlgorithmConfig, model_factory: ModelFactory, num_clients: int, seed: int) -> None:
         self.config = config

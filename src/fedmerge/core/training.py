@@ -2,7 +2,8 @@
 
 Methods that differ only by a loss term (FedProx, Ditto, SuPerFed...) pass ``extra_loss``;
 methods that alter gradients before the step (SCAFFOLD) pass ``before_step``; methods that do
-work on the minibatch before the forward pass (pFedMe's inner solve) pass ``before_forward``.
+work on the minibatch before the forward pass (pFedMe's inner solve) pass ``before_forward``;
+DP-SGD (per-sample clipping and Gaussian noise, :mod:`.privacy`) is ``private``.
 Every hook receives the :class:`Step` in progress: the model, the step's index, the minibatch
 (x, y) and, once computed, the forward's output. No algorithm writes its own epoch/batch loop.
 """
@@ -21,6 +22,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from torch.optim import SGD
 
 from .model_state import set_train_mode, trainable_parameters
+from .privacy import PrivateGradients
 
 
 class LocalTraining(BaseModel):
@@ -119,6 +121,7 @@ def local_sgd(
     optimizer: torch.optim.Optimizer | None = None,
     forward: Callable[[torch.Tensor], torch.Tensor] | None = None,
     loss_fn: BatchLoss | None = None,
+    private: PrivateGradients | None = None,
 ) -> TrainStats:
     """Train ``model`` in place with minibatch SGD on (x, y).
 
@@ -137,17 +140,26 @@ def local_sgd(
     batch is drawn, nothing computed yet), ``extra_loss`` (added to the task loss; ``step.logits``
     is set), ``before_step`` (gradients are ready) and ``after_step`` (after the optimiser step,
     gradients still in place: LIVAR's path-integral importance reads the step's change there).
+
+    ``private``: DP-SGD. The gradient of the task loss for the model's parameters the optimiser trains is
+    :meth:`PrivateGradients.gradients`' (per-sample clipped, noised); ``extra_loss``'s gradient is added
+    to it as it is (it must not read the training data through those parameters). Not with ``forward``,
+    ``loss_fn``, ``before_forward`` or a model with its own ``task_loss``, whose per-sample gradients this
+    routine cannot form.
     """
+    own_loss = hasattr(model, "task_loss")  # a model that scores itself (a causal LM)
+    if private is not None and (forward is not None or loss_fn is not None or before_forward is not None or own_loss):
+        raise ValueError("DP-SGD (private) trains through model(x) with the cross-entropy loss only")
     set_train_mode(model)
     n = int(y.shape[0])
     if n == 0:
         return TrainStats(loss=float("nan"), steps=0, samples=0)
     if optimizer is not None:
         return _train(model, x, y, cfg, generator, optimizer, extra_loss, before_forward, before_step, after_step,
-                      forward, loss_fn)  # fmt: skip
+                      forward, loss_fn, private)  # fmt: skip
     with fresh_sgd(model, params, cfg) as sgd:
         return _train(model, x, y, cfg, generator, sgd, extra_loss, before_forward, before_step, after_step,
-                      forward, loss_fn)  # fmt: skip
+                      forward, loss_fn, private)  # fmt: skip
 
 
 def _train(
@@ -163,9 +175,13 @@ def _train(
     after_step: StepHook | None,
     forward: Callable[[torch.Tensor], torch.Tensor] | None,
     loss_fn: BatchLoss | None,
+    private: PrivateGradients | None = None,
 ) -> TrainStats:
     n = int(y.shape[0])
     model_loss: ModelLoss | None = getattr(model, "task_loss", None)
+    if private is not None:  # the model's parameters this optimiser trains (Ditto's also trains a second model)
+        held = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        privatised = [(k, p) for k, p in model.named_parameters() if id(p) in held and p.requires_grad]
     losses: list[torch.Tensor] = []  # summed once at the end: no per-step conversion (nor device sync)
     steps = samples = 0
     for idx in iterate_minibatches(n, cfg.batch_size, generator, cfg.local_epochs, cfg.local_steps, x.device):
@@ -173,16 +189,22 @@ def _train(
         if before_forward is not None:
             before_forward(step)
         optimizer.zero_grad(set_to_none=True)
-        with running_statistics(model) if idx.shape[0] == 1 else nullcontext():
-            step.logits = model(step.x) if forward is None else forward(step.x)
-        if loss_fn is not None:
-            task_loss = loss_fn(step.logits, step.y, idx)
-        elif model_loss is not None:
-            task_loss = model_loss(step.logits, step.x, step.y)
+        if private is not None:
+            step.logits, task_loss = private.gradients(model, privatised, step.x, step.y)
+            extra = extra_loss(step) if extra_loss is not None else None
+            if extra is not None and extra.requires_grad:
+                extra.backward()  # accumulates onto the private gradients
         else:
-            task_loss = F.cross_entropy(step.logits, step.y)
-        loss = task_loss if extra_loss is None else task_loss + extra_loss(step)
-        loss.backward()
+            with running_statistics(model) if idx.shape[0] == 1 else nullcontext():
+                step.logits = model(step.x) if forward is None else forward(step.x)
+            if loss_fn is not None:
+                task_loss = loss_fn(step.logits, step.y, idx)
+            elif model_loss is not None:
+                task_loss = model_loss(step.logits, step.x, step.y)
+            else:
+                task_loss = F.cross_entropy(step.logits, step.y)
+            loss = task_loss if extra_loss is None else task_loss + extra_loss(step)
+            loss.backward()
         if before_step is not None:
             before_step(step)
         optimizer.step()

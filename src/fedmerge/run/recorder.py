@@ -153,6 +153,8 @@ def record_rounds(
         "client_groups": groups if all(g is not None for g in groups) else None,
         "wall_seconds": time.perf_counter() - t_start,
     }
+    if hasattr(algorithm, "privacy_summary"):  # privacy: the guarantees spent (per client for DP-SGD)
+        info["privacy"] = algorithm.privacy_summary(state)
     summary = build_summary(rows, info)
     store.write_summary(summary, summary_markdown(summary))
     return RunResult(store.dir, summary, state)

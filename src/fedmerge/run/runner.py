@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from pydantic import BaseModel
 
-from fedmerge.algorithms import ALGORITHMS
+from fedmerge.algorithms.privacy import build_algorithm, privacy_problem
 from fedmerge.config.schema import ConfigError, config_warnings, load_config
 from fedmerge.config.tuned import load_tuned_config
 from fedmerge.data import FederatedDataset
@@ -111,11 +111,25 @@ def run_experiment(
     def model_factory(generator: torch.Generator) -> torch.nn.Module:
         return build_model(cfg.model, input_shape, num_classes, generator=generator)
 
-    entry = ALGORITHMS.get(cfg.algorithm.name)
+    privacy = getattr(cfg, "privacy", None)
+    if privacy is not None:
+        problem = privacy_problem(cfg.algorithm.name, privacy, model, sample.to(device))
+        if problem is None and cfg.vectorize:
+            problem = "vectorize: not with privacy (DP-SGD's per-sample step and the private aggregate run per client)"
+        if problem is not None:
+            raise ConfigError(problem)
     try:
-        algorithm = entry.obj(cfg.algorithm, model_factory, num_clients, cfg.seed)
+        algorithm = build_algorithm(
+            cfg.algorithm, model_factory, num_clients, cfg.seed, privacy,
+            rounds=cfg.rounds, participation=cfg.participation,
+        )  # fmt: skip
     except ValueError as exc:  # settings that conflict with the model or the data (e.g. fedlora without LoRA)
         raise ConfigError(f"algorithm {cfg.algorithm.name!r}: {str(exc).splitlines()[0]}") from None
+    if privacy is not None:  # e.g. a target epsilon that no noise achieves
+        sizes = [int(c.y_train.shape[0]) for c in data.clients] if data is not None else []
+        problem = algorithm.noise_problem(sizes)
+        if problem is not None:
+            raise ConfigError(problem)
     if cfg.vectorize:
         problem = vectorize_problem(algorithm, model)
         if problem is None and (cfg.engine != "local" or cfg.workers != 1):

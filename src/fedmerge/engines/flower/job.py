@@ -22,6 +22,9 @@ def client_job(experiment: dict[str, Any], num_clients: int, *, with_data: bool)
     job = {key: experiment[key] for key in CLIENT_KEYS}
     job["keep_freed_memory"] = experiment.get("keep_freed_memory", True)  # a process serving many clients
     job["num_clients"] = num_clients
+    if experiment.get("privacy") is not None:  # DP-SGD runs on the node; a target epsilon plans for the rounds
+        job["privacy"] = experiment["privacy"]
+        job["rounds"], job["participation"] = experiment["rounds"], experiment["participation"]
     if with_data:
         job["data"] = {key: experiment[key] for key in DATA_SECTIONS} | {"seed": experiment["seed"]}
     return job

@@ -29,7 +29,8 @@ from typing import Any
 import torch
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 
-from fedmerge.core.algorithm import ALGORITHMS, Algorithm
+from fedmerge.algorithms.privacy import PrivacySettings, build_algorithm
+from fedmerge.core.algorithm import Algorithm
 from fedmerge.core.types import ClientState, Payload
 from fedmerge.engines.device import resolve_device
 from fedmerge.engines.local import LocalEngine
@@ -67,7 +68,11 @@ def _build_worker(job: dict[str, Any], algorithm_module: str, clients: Any, inpu
     def model_factory(generator: torch.Generator) -> torch.nn.Module:
         return build_model(model_cfg, input_shape, num_classes, generator=generator)
 
-    algorithm = ALGORITHMS.get(algo_cfg.name).obj(algo_cfg, model_factory, num_clients, seed)
+    privacy = PrivacySettings.model_validate(job["privacy"]) if job.get("privacy") is not None else None
+    rounds, participation = int(job.get("rounds", 1)), float(job.get("participation", 1.0))
+    algorithm = build_algorithm(
+        algo_cfg, model_factory, num_clients, seed, privacy, rounds=rounds, participation=participation
+    )
     model = model_factory(torch.Generator().manual_seed(0))
     engine = LocalEngine(clients, model, device, seed, eval_batch_size=int(job["eval_batch_size"]))
     return _Worker(algorithm, engine, num_clients)

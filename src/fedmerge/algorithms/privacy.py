@@ -1,0 +1,470 @@
+"""Differential privacy around any method that admits it: the ``privacy:`` section (docs/deployment.md, "Privacy").
+
+:class:`PrivateAlgorithm` wraps a method and adds, without changing it:
+
+- ``dp_sgd`` (sample-level DP on each client): the client's local training runs DP-SGD
+  (:class:`~fedmerge.core.privacy.PrivateGradients` through ``ctx.private``); the client keeps its own RDP
+  ledger in its state (``meta["privacy"]``), reports its epsilon with its update, and leaves its training
+  losses out of the update (they are not privatised).
+- ``central`` (user-level DP on the server): each update's change to the server's tensors is clipped to a
+  norm (fixed, or adapted towards a quantile of the norms as in Andrew et al. 2021), the clipped changes are
+  averaged uniformly, and Gaussian noise is added to the mean; the server's RDP ledger (in its state's meta)
+  composes the rounds with the clients' sampling rate. ``clip_on_client``: each client clips its own change
+  before sending it (as Flower's client-side DP mod); the server still clips (a no-op for honest clients).
+
+The noise is drawn from generators seeded by (seed, round, client, purpose), so a private run gives the
+same numbers on every engine, with any number of workers, and after a resume.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import replace
+from functools import cached_property
+from typing import Any
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from fedmerge.core.algorithm import (
+    ALGORITHMS,
+    Algorithm,
+    AlgorithmConfig,
+    ClientContext,
+    ClientDataLike,
+    ModelFactory,
+    StateDict,
+)
+from fedmerge.core.privacy import (
+    INSTALL_HINT,
+    Ledger,
+    PrivateGradients,
+    clip_to_norm,
+    gaussian_noise,
+    noise_for_epsilon,
+    opacus_available,
+)
+from fedmerge.core.seeding import NO_CLIENT, torch_generator
+from fedmerge.core.training import batch_slices
+from fedmerge.core.types import ClientState, Payload, ServerState, Update
+
+KEY = "privacy"  # the meta key of the ledgers (client and server states), the report and the update
+CLIP_KEY = "privacy_clip"  # payload meta: the clipping bound (clip_on_client)
+BIT_KEY = "privacy_clip_bit"  # update meta: whether the client's change was within the bound (clip_on_client)
+UNPRIVATISED_META = ("train_loss", "loss_received", "loss_trained")  # losses on the raw training data
+
+
+class _Noise(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    noise_multiplier: float | None = Field(
+        None, ge=0, description="noise standard deviation / clip; set this or target_epsilon"
+    )
+    target_epsilon: float | None = Field(
+        None, gt=0, description="the noise multiplier that spends this epsilon over the run's rounds (at delta)"
+    )
+    delta: float = Field(1e-5, gt=0, lt=1, description="delta of the (epsilon, delta) guarantee reported")
+
+    @model_validator(mode="after")
+    def _one_noise(self) -> _Noise:
+        if (self.noise_multiplier is None) == (self.target_epsilon is None):
+            raise ValueError("set exactly one of noise_multiplier and target_epsilon")
+        return self
+
+
+class DPSGDSettings(_Noise):
+    """``privacy.dp_sgd``: sample-level DP-SGD in every client's local training."""
+
+    clip: float = Field(1.0, gt=0, description="bound on each training sample's gradient norm (L2)")
+
+
+class CentralDPSettings(_Noise):
+    """``privacy.central``: user-level DP of the server's aggregate."""
+
+    clip: float = Field(
+        1.0, gt=0, description="bound on each client's update norm (L2 of its change); adaptive: the first bound"
+    )
+    adaptive: bool = Field(False, description="adapt the bound towards target_quantile of the norms (Andrew et al.)")
+    target_quantile: float = Field(0.5, gt=0, lt=1, description="adaptive: fraction of updates left unclipped")
+    clip_lr: float = Field(0.2, gt=0, description="adaptive: geometric step of the bound per round")
+    clip_count_stddev: float | None = Field(
+        None, gt=0, description="adaptive: noise on the count of unclipped updates (default: clients per round / 20)"
+    )
+    clip_on_client: bool = Field(False, description="each client clips its own update before sending it")
+
+
+class PrivacySettings(BaseModel):
+    """``privacy:`` section: differential privacy (docs/deployment.md, "Privacy"). Needs Opacus (accounting)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    dp_sgd: DPSGDSettings | None = Field(None, description="sample-level DP-SGD in every client's local training")
+    central: CentralDPSettings | None = Field(None, description="user-level DP on the server's aggregate")
+
+    @model_validator(mode="after")
+    def _something(self) -> PrivacySettings:
+        if self.dp_sgd is None and self.central is None:
+            raise ValueError("set dp_sgd, central or both (or remove the privacy section)")
+        return self
+
+
+def clients_per_round(num_clients: int, participation: float) -> int:
+    """How many clients the round loop's ``Schedule`` samples per round."""
+    return max(1, min(num_clients, int(round(participation * num_clients))))
+
+
+def planned_steps(n: int, cfg: AlgorithmConfig) -> int:
+    """Local steps of one round of plain local SGD on ``n`` samples (what ``target_epsilon`` plans for)."""
+    if n == 0:
+        return 0
+    return cfg.local_steps if cfg.local_steps is not None else cfg.local_epochs * len(batch_slices(n, cfg.batch_size))
+
+
+def privacy_problem(name: str, settings: PrivacySettings, model: nn.Module, sample: torch.Tensor) -> str | None:
+    """Why ``settings`` cannot apply to method ``name`` with ``model`` (one line), or None."""
+    if not opacus_available():
+        return INSTALL_HINT
+    cls = ALGORITHMS.get(name).obj
+    if settings.dp_sgd is not None:
+        if cls.dp_sgd_refusal is not None:
+            return f"privacy.dp_sgd: {name} {cls.dp_sgd_refusal}"
+        if any(isinstance(m, _BatchNorm) for m in model.modules()):
+            return (
+                "privacy.dp_sgd: the model has BatchNorm layers, whose per-sample gradients do not exist (a sample's "
+                "gradient depends on its batch); use a model without them or a GroupNorm variant "
+                "(opacus.validators.ModuleValidator.fix makes one)"
+            )
+        problem = _per_sample_problem(model, sample)
+        if problem is not None:
+            return f"privacy.dp_sgd: cannot form per-sample gradients of the model ({problem})"
+    if settings.central is not None:
+        if cls.central_dp_refusal is not None:
+            return f"privacy.central: {name} {cls.central_dp_refusal}"
+        c = settings.central
+        if c.adaptive and c.clip_on_client:
+            return (
+                "privacy.central: adaptive clipping counts the unclipped updates on the server; not with clip_on_client"
+            )
+    return None
+
+
+def _per_sample_problem(model: nn.Module, sample: torch.Tensor) -> str | None:
+    params = [(k, p) for k, p in model.named_parameters() if p.requires_grad]
+    probe = PrivateGradients(1.0, 0.0, torch.Generator().manual_seed(0))
+    y = torch.zeros(sample.shape[0], dtype=torch.int64, device=sample.device)
+    try:
+        with torch.random.fork_rng(devices=[]):
+            probe.gradients(model, params, sample, y)
+    except (RuntimeError, ValueError, TypeError, NotImplementedError) as exc:
+        text = str(exc).strip()
+        return text.splitlines()[0] if text else type(exc).__name__
+    finally:
+        for _, p in params:
+            p.grad = None
+    return None
+
+
+def adaptive_noise_multiplier(z: float, count_stddev: float) -> float:
+    """Andrew et al. (2021), Theorem 1: the updates' noise multiplier z_delta such that the updates and the
+    noised count of unclipped updates (sensitivity 1/2 after centring) together spend noise multiplier z."""
+    rest = z ** (-2) - (2 * count_stddev) ** (-2)
+    if rest <= 0:
+        raise ValueError(
+            f"privacy.central: clip_count_stddev {count_stddev:g} is too small for noise multiplier {z:g} "
+            f"(needs more than {z / 2:g})"
+        )
+    return rest ** (-0.5)
+
+
+class PrivateAlgorithm(Algorithm):
+    """``inner`` with the mechanisms of ``settings``; every other call goes to ``inner`` unchanged."""
+
+    vectorizable = False
+
+    def __init__(
+        self, inner: Algorithm, settings: PrivacySettings, rounds: int, per_round: int
+    ) -> None:  # fmt: skip
+        super().__init__(inner.config, inner.model_factory, inner.num_clients, inner.seed)
+        self.inner = inner
+        self.name = inner.name  # type: ignore[misc]
+        self.settings = settings
+        self.rounds = rounds
+        self.per_round = per_round  # clients the schedule samples per round
+        self._sigma_by_n: dict[int, float] = {}
+
+    def __getattr__(self, item: str) -> Any:  # attributes of the method itself (e.g. FedMerge's layout)
+        if item == "inner":
+            raise AttributeError(item)
+        return getattr(self.inner, item)
+
+    # --- the inner method's records, without what this wrapper adds ---------------------------
+    @staticmethod
+    def _without(record: Any) -> Any:
+        if KEY not in record.meta:
+            return record
+        return type(record)(record.tensors, {k: v for k, v in record.meta.items() if k != KEY})
+
+    @staticmethod
+    def _book(state: ServerState) -> dict[str, Any]:
+        return copy.deepcopy(state.meta.get(KEY, {}))
+
+    # --- server side ---------------------------------------------------------------------------
+    def init_server_state(self) -> ServerState:
+        state = self.inner.init_server_state()
+        book: dict[str, Any] = {}
+        if self.settings.central is not None:
+            book["central"] = {"clip": self.settings.central.clip, "history": []}
+        if self.settings.dp_sgd is not None:
+            book["dp_sgd"] = {"epsilon": {}, "clients": []}
+        return ServerState(state.tensors, {**state.meta, KEY: book})
+
+    def configure(self, state: ServerState, rnd: int, selected: list[int]) -> dict[int, Payload]:
+        payloads = self.inner.configure(self._without(state), rnd, selected)
+        central = self.settings.central
+        if central is None or not central.clip_on_client:
+            return payloads
+        clip = self._book(state)["central"]["clip"]
+        return {cid: Payload(p.tensors, {**p.meta, CLIP_KEY: clip}) for cid, p in payloads.items()}
+
+    def configure_evaluate(self, state: ServerState, rnd: int, cids: list[int]) -> dict[int, Payload]:
+        return self.inner.configure_evaluate(self._without(state), rnd, cids)
+
+    def global_model(self, state: ServerState) -> StateDict | None:
+        return self.inner.global_model(self._without(state))
+
+    def client_optimized_parameters(self, model_parameters: int, client_states: Any) -> float:
+        return self.inner.client_optimized_parameters(model_parameters, client_states)
+
+    def aggregate(self, state: ServerState, rnd: int, updates: dict[int, Update]) -> ServerState:
+        book = self._book(state)
+        inner_state = self._without(state)
+        if self.settings.dp_sgd is not None:
+            ledger = book["dp_sgd"]
+            for cid in sorted(updates):
+                ledger["epsilon"][str(cid)] = float(updates[cid].meta[KEY]["epsilon"])
+            ledger["clients"] = sorted(updates)
+        if self.settings.central is None:
+            new = self.inner.aggregate(inner_state, rnd, updates)
+        else:
+            new = self._central_aggregate(inner_state, rnd, updates, book["central"])
+        return ServerState(new.tensors, {**new.meta, KEY: book})
+
+    @cached_property
+    def central_noise_multiplier(self) -> float:
+        """The noise multiplier of the server's whole mechanism (updates and, adaptive, the clip count)."""
+        c = self.settings.central
+        assert c is not None
+        if c.noise_multiplier is not None:
+            return c.noise_multiplier
+        return noise_for_epsilon(c.target_epsilon, c.delta, self.client_rate, self.rounds)
+
+    @property
+    def client_rate(self) -> float:
+        return self.per_round / self.num_clients
+
+    def count_stddev(self) -> float:
+        c = self.settings.central
+        assert c is not None
+        return c.clip_count_stddev if c.clip_count_stddev is not None else self.per_round / 20
+
+    def update_noise_multiplier(self) -> float:
+        c = self.settings.central
+        assert c is not None
+        z = self.central_noise_multiplier
+        if not c.adaptive or z == 0:
+            return z
+        return adaptive_noise_multiplier(z, self.count_stddev())
+
+    def _central_aggregate(
+        self, state: ServerState, rnd: int, updates: dict[int, Update], book: dict[str, Any]
+    ) -> ServerState:
+        c = self.settings.central
+        assert c is not None
+        bound = float(book["clip"])
+        old = state.tensors
+        clipped: dict[int, Update] = {}
+        unclipped = 0
+        for cid in sorted(updates):
+            update = updates[cid]
+            change = {k: v - old[k] for k, v in update.tensors.items() if v.is_floating_point()}
+            if any(k not in old for k in update.tensors):
+                raise RuntimeError(f"{self.name}: central DP needs each update's tensors to be server-state tensors")
+            change, norm = clip_to_norm(change, bound)
+            within = bool(update.meta.get(BIT_KEY, False)) if c.clip_on_client else norm <= bound
+            unclipped += int(within)
+            tensors = {**update.tensors, **{k: old[k] + v for k, v in change.items()}}
+            clipped[cid] = Update(tensors, {**update.meta, "num_examples": 1})  # a uniform mean
+        new = self.inner.aggregate(state, rnd, clipped)
+        m = len(updates)
+        std = self.update_noise_multiplier() * bound / m
+        gen = torch_generator(self.seed, rnd, NO_CLIENT, "central-dp")
+        tensors = dict(new.tensors)
+        noised = sorted(k for k, v in updates[min(updates)].tensors.items() if v.is_floating_point())
+        for k in noised:
+            tensors[k] = tensors[k] + gaussian_noise(tensors[k].shape, std, gen, tensors[k].dtype).to(tensors[k].device)
+        ledger = Ledger(book["history"])
+        ledger.add(self.central_noise_multiplier, self.client_rate, 1)
+        book["last"] = {
+            "round": rnd,
+            "clip": bound,
+            "noise_std": std,
+            "noise_multiplier": self.central_noise_multiplier,
+            "epsilon": ledger.epsilon(c.delta),
+        }
+        if c.adaptive:
+            count = unclipped + float(gaussian_noise((1,), self.count_stddev(), gen, torch.float64)[0])
+            fraction = count / m
+            book["clip"] = bound * math.exp(-c.clip_lr * (fraction - c.target_quantile))
+            book["last"]["unclipped_fraction"] = fraction  # noised: safe to publish
+        return ServerState(tensors, dict(new.meta))
+
+    def server_report(self, state: ServerState, rnd: int) -> dict[str, Any]:
+        report = dict(self.inner.server_report(self._without(state), rnd))
+        book = self._book(state)
+        figures: dict[str, Any] = {}
+        if "dp_sgd" in book:
+            eps = book["dp_sgd"]["epsilon"]
+            figures["dp_sgd"] = {
+                "delta": self.settings.dp_sgd.delta,
+                "epsilon": {str(c): eps[str(c)] for c in book["dp_sgd"]["clients"]},
+                "epsilon_max": max(eps.values(), default=0.0),
+            }
+        if "central" in book and "last" in book["central"]:
+            figures["central"] = {"delta": self.settings.central.delta, **book["central"]["last"]}
+        report[KEY] = figures
+        return report
+
+    def privacy_summary(self, state: ServerState) -> dict[str, Any]:
+        """The run's guarantees at its end (``summary.json``'s ``privacy``)."""
+        book = self._book(state)
+        out: dict[str, Any] = {}
+        if "dp_sgd" in book:
+            eps = book["dp_sgd"]["epsilon"]
+            values = list(eps.values())
+            out["dp_sgd"] = {
+                "delta": self.settings.dp_sgd.delta,
+                "clip": self.settings.dp_sgd.clip,
+                "epsilon_max": max(values, default=0.0),
+                "epsilon_mean": sum(values) / len(values) if values else 0.0,
+                "epsilon": eps,
+            }
+        if "central" in book:
+            last = book["central"].get("last", {})
+            out["central"] = {
+                "delta": self.settings.central.delta,
+                "epsilon": last.get("epsilon", 0.0),
+                "noise_multiplier": self.central_noise_multiplier,
+                "rounds": Ledger(book["central"]["history"]).steps,
+                "client_rate": self.client_rate,
+                "final_clip": book["central"]["clip"],
+            }
+        return out
+
+    def noise_problem(self, train_sizes: list[int]) -> str | None:
+        """Why the noise cannot be set as configured (one line), or None. ``train_sizes``: the clients'
+        training-set sizes where the server knows them (the smallest needs the most noise for a target)."""
+        dp, sizes = self.settings.dp_sgd, [n for n in train_sizes if n > 0]
+        checks = {
+            "central": self.update_noise_multiplier if self.settings.central is not None else None,
+            "dp_sgd": (lambda: self.dp_sgd_noise_multiplier(min(sizes)))
+            if dp is not None and dp.target_epsilon is not None and sizes
+            else None,
+        }
+        for section, check in checks.items():
+            if check is None:
+                continue
+            try:
+                check()
+            except ValueError as exc:  # Opacus: "The privacy budget is too low."
+                text = str(exc).splitlines()[0]
+                return text if text.startswith("privacy.") else f"privacy.{section}: {text}"
+        return None
+
+    # --- client side ---------------------------------------------------------------------------
+    def init_client_state(self, cid: int) -> ClientState:
+        return self.inner.init_client_state(cid)
+
+    def dp_sgd_noise_multiplier(self, n: int) -> float:
+        """The client's DP-SGD noise multiplier: the configured one, or the one that spends
+        ``target_epsilon`` in ``rounds`` rounds of plain local SGD on its ``n`` samples."""
+        dp = self.settings.dp_sgd
+        assert dp is not None
+        if dp.noise_multiplier is not None:
+            return dp.noise_multiplier
+        if n not in self._sigma_by_n:
+            steps = self.rounds * planned_steps(n, self.config)
+            self._sigma_by_n[n] = noise_for_epsilon(dp.target_epsilon, dp.delta, self.sample_rate(n), steps)
+        return self._sigma_by_n[n]
+
+    def sample_rate(self, n: int) -> float:
+        return min(1.0, self.config.batch_size / max(n, 1))
+
+    def client_update(
+        self, payload: Payload, data: ClientDataLike, state: ClientState, ctx: ClientContext
+    ) -> tuple[Update, ClientState]:
+        dp = self.settings.dp_sgd
+        history = state.meta.get(KEY, {}).get("dp_sgd", [])
+        n = int(data.y_train.shape[0])
+        private = None
+        if dp is not None:
+            sigma = self.dp_sgd_noise_multiplier(n)
+            private = PrivateGradients(dp.clip, sigma, torch_generator(ctx.seed, ctx.round, ctx.cid, "dp-sgd"))
+            ctx = replace(ctx, private=private)
+        update, new_state = self.inner.client_update(payload, data, self._without(state), ctx)
+        meta = dict(update.meta)
+        state_meta = dict(new_state.meta)
+        if private is not None:
+            steps = meta.get("steps")
+            if isinstance(steps, int) and steps != private.steps:
+                raise RuntimeError(f"{self.name}: {steps} local steps but {private.steps} of them privatised")
+            ledger = Ledger(copy.deepcopy(history))
+            ledger.add(private.noise_multiplier, self.sample_rate(n), private.steps)
+            for key in UNPRIVATISED_META:
+                meta.pop(key, None)
+            meta[KEY] = {
+                "epsilon": ledger.epsilon(dp.delta),
+                "noise_multiplier": private.noise_multiplier,
+                "steps": ledger.steps,
+            }
+            state_meta[KEY] = {"dp_sgd": ledger.history}
+        central = self.settings.central
+        tensors = update.tensors
+        if central is not None and central.clip_on_client:
+            bound = float(payload.meta[CLIP_KEY])
+            change = {k: v - payload.tensors[k] for k, v in tensors.items() if v.is_floating_point()}
+            change, norm = clip_to_norm(change, bound)
+            tensors = {**tensors, **{k: payload.tensors[k] + v for k, v in change.items()}}
+            meta[BIT_KEY] = norm <= bound
+        return Update(tensors, meta), ClientState(new_state.tensors, state_meta)
+
+    def personalize(self, payload: Payload, data: ClientDataLike, state: ClientState, ctx: ClientContext) -> StateDict:
+        return self.inner.personalize(payload, data, self._without(state), ctx)
+
+    def personalize_variants(
+        self, payload: Payload, data: ClientDataLike, state: ClientState, ctx: ClientContext
+    ) -> dict[str, Any]:
+        return self.inner.personalize_variants(payload, data, self._without(state), ctx)
+
+    def initial_weights(self, purpose: str = "init", cid: int = -1) -> StateDict:
+        return self.inner.initial_weights(purpose, cid)
+
+
+def build_algorithm(
+    config: AlgorithmConfig,
+    model_factory: ModelFactory,
+    num_clients: int,
+    seed: int,
+    privacy: PrivacySettings | None = None,
+    *,
+    rounds: int = 1,
+    participation: float = 1.0,
+) -> Algorithm:
+    """The configured method, wrapped in :class:`PrivateAlgorithm` when ``privacy`` is set (runner and
+    Flower's ClientApp build it the same way)."""
+    algorithm = ALGORITHMS.get(config.name).obj(config, model_factory, num_clients, seed)
+    if privacy is None:
+        return algorithm
+    return PrivateAlgorithm(algorithm, privacy, rounds, clients_per_round(num_clients, participation))
