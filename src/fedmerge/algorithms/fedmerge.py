@@ -305,7 +305,7 @@ class FedMerge(Algorithm):
         new_logits = logits.clone()
         if cfg.merge_weights == "dynamic":
             # g_i = -delta_i, so <Theta_j, g_i> = -<Theta_j, delta_i>; uses Theta before its update.
-            inner = -merging.inner_products(self._merge_grad_columns(deltas), self._merge_theta_columns(theta))
+            inner = -merging.inner_products(self._merge_grad_columns(deltas), self._merge_theta_columns(theta), w)
             grad = merging.logit_gradient(w, inner)  # without p_i
             if cfg.logit_step == "fixed_magnitude":
                 step = merging.fixed_magnitude_step(grad, p, cfg.logit_lr, cfg.logit_increment)
