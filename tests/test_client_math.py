@@ -1,4 +1,4 @@
-"""Client and server math of SCAFFOLD, pFedMe, APFL and SuPerFed against values computed by hand
+"""Client and server math of SCAFFOLD, pFedMe, Ditto, APFL and SuPerFed against values computed by hand
 (closed forms on a quadratic, gradients written out) or by autograd, on problems of a few numbers.
 
 Each client update is run through the method's real ``client_update`` with float64 models and one
@@ -15,6 +15,7 @@ from torch.nn import functional as F
 
 from fedmerge.algorithms import superfed as superfed_module
 from fedmerge.algorithms.apfl import APFL, APFLConfig
+from fedmerge.algorithms.ditto import Ditto, DittoConfig
 from fedmerge.algorithms.pfedme import PFedMe, PFedMeConfig
 from fedmerge.algorithms.scaffold import CONTROL, Scaffold, ScaffoldConfig
 from fedmerge.algorithms.superfed import SuPerFedMM, SuPerFedMMConfig
@@ -140,6 +141,47 @@ def test_pfedme_inner_and_outer_steps_follow_the_hand_computed_sequence():
     close(update.tensors["w"], t(*w))  # w_loc travels
     close(state.tensors["w"], t(*theta))  # theta is the personal model
     assert update.meta["steps"] == outer
+
+
+# --- Ditto ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("prox_step", ["explicit", "implicit"])
+def test_ditto_personal_and_global_steps_follow_the_hand_computed_sequence(prox_step):
+    a, w_g, v0 = [1.0, 3.0], [1.0, -1.0], [0.5, 2.0]
+    x = t(0.0, 1.0, 2.0, -1.0, 1.0, 3.0).reshape(3, 2)
+    lam, lr, plr, steps = 0.8, 0.1, 0.2, 4
+    cfg = DittoConfig(lam=lam, lr=lr, personal_lr=plr, local_steps=steps, batch_size=8, prox_step=prox_step)
+    alg = Ditto(cfg, lambda gen: Quadratic(t(*a), torch.zeros(2, dtype=F64)), num_clients=2, seed=0)
+    model = Quadratic(t(*a), torch.zeros(2, dtype=F64))
+    payload = Payload({"w": t(*w_g)}, {"round": 1})
+    update, state = alg.client_update(payload, client_data(x), ClientState({"w": t(*v0)}), context(model))
+
+    m = x.mean(0).tolist()
+    eta = plr if prox_step == "explicit" else plr / (1 + plr * lam)  # backward Euler: the same step, eta shrunk
+    w, v = list(w_g), list(v0)
+    for _ in range(steps):
+        w = [wj - lr * aj * (wj - mj) for wj, aj, mj in zip(w, a, m)]  # w: plain SGD on f (FedAvg's step)
+        # v -= eta (grad f(v) + lam (v - w^t)), the anchor w^t = the received global model
+        v = [vj - eta * (aj * (vj - mj) + lam * (vj - gj)) for vj, aj, mj, gj in zip(v, a, m, w_g)]
+    close(update.tensors["w"], t(*w))  # w travels
+    close(state.tensors["w"], t(*v))  # v stays on the client
+    assert update.meta["steps"] == steps
+    if prox_step == "implicit":  # one step in the docstring's closed form (v - plr g + plr lam w^t) / (1 + plr lam)
+        v1 = [(vj - plr * aj * (vj - mj) + plr * lam * gj) / (1 + plr * lam) for vj, aj, mj, gj in zip(v0, a, m, w_g)]
+        cfg1 = DittoConfig(lam=lam, lr=lr, personal_lr=plr, local_steps=1, batch_size=8, prox_step=prox_step)
+        alg1 = Ditto(cfg1, lambda gen: Quadratic(t(*a), torch.zeros(2, dtype=F64)), num_clients=2, seed=0)
+        _, s1 = alg1.client_update(payload, client_data(x), ClientState({"w": t(*v0)}), context(model))
+        close(s1.tensors["w"], t(*v1))
+
+
+@pytest.mark.parametrize(("weighting", "expected"), [("samples", t(4.0, -1.0)), ("uniform", t(3.0, 0.0))])
+def test_ditto_server_averages_the_global_copies(weighting, expected):
+    alg = Ditto(DittoConfig(weighting=weighting), lambda gen: Quadratic(A[:2], torch.zeros(2, dtype=F64)), 5, 0)
+    updates = {
+        1: Update({"w": t(1.0, 2.0)}, {"num_examples": 10}),
+        3: Update({"w": t(5.0, -2.0)}, {"num_examples": 30}),
+    }
+    # samples: (10 (1, 2) + 30 (5, -2)) / 40; uniform (the reference): w^t + mean(w_i - w^t) = mean(w_i)
+    close(alg.aggregate(ServerState({"w": t(9.0, 9.0)}), 1, updates).tensors["w"], expected)
 
 
 # --- APFL -----------------------------------------------------------------------------------

@@ -16,6 +16,8 @@ from helpers import assert_runs_identical, quick_config, run
 
 from fedmerge.core.checkpoint import load_checkpoint
 from fedmerge.core.training import LocalTraining, local_sgd
+from fedmerge.models import build_model
+from fedmerge.run.prepare import load_data
 from fedmerge.run.results import RunStore
 from fedmerge.run.runner import run_experiment
 
@@ -121,13 +123,26 @@ def test_personal_adapter_adds_to_the_shared_one(model_and_tokens):
 
 
 def test_fedit_round_is_fast_and_counts_adapter_parameters(tmp_path):
+    cfg = lora_config(tmp_path)
     t0 = time.perf_counter()
-    res = run(lora_config(tmp_path), tmp_path / "fedit")
+    res = run(cfg, tmp_path / "fedit")
     assert time.perf_counter() - t0 < 60
     params = res.summary["parameters"]["model"]
     assert params == 6 * 2 * (8 * 384 + 384 * 8) + 384 * 26 + 26  # adapters + head (26 WordNet topics)
     assert res.summary["communication_per_client_per_round"]["up"] == params
-    assert 0.0 <= res.summary["last"]["clients"]["test_acc"]["mean"] <= 1.0
+    # The logged accuracy is the global model's on each client's test split, recomputed here from the
+    # final weights; frozen MiniLM features tell these 4 topics apart after one round (0.9; chance 0.25).
+    data = load_data(cfg)
+    model = build_model(cfg.model, data.input_shape, data.num_classes).eval()
+    model.load_state_dict(res.server_state.tensors)
+    logged = RunStore(res.run_dir).read_metrics()[-1]["eval"]["clients"]
+    accs = []
+    for cid, client in enumerate(data.clients):
+        with torch.no_grad():
+            accs.append(float((model(client.x_test).argmax(1) == client.y_test).double().mean()))
+        assert logged[str(cid)]["test_acc"] == pytest.approx(accs[-1], abs=1e-9)
+    assert res.summary["last"]["clients"]["test_acc"]["mean"] == pytest.approx(sum(accs) / len(accs), abs=1e-9)
+    assert res.summary["last"]["clients"]["test_acc"]["mean"] >= 0.5
 
 
 def test_fedmerge_over_adapters_with_one_model_matches_fedit(tmp_path):
@@ -210,4 +225,5 @@ def test_pfedmoe_over_adapters_gates_on_embeddings_and_keeps_personal_experts(tm
     for cid in (0, 1):
         assert states[cid].tensors["gate/norm.weight"].shape == (384,)
         assert any(k.startswith("local/classifier") for k in states[cid].tensors)
-    assert 0.0 <= res.summary["last"]["clients"]["test_acc"]["mean"] <= 1.0  # the mixture was evaluated
+    # The mixture was evaluated and works: these 4 topics reach 1.0 after two rounds (chance 0.25).
+    assert res.summary["last"]["clients"]["test_acc"]["mean"] >= 0.5

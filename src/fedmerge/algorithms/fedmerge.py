@@ -43,9 +43,21 @@ code's exact server step and ``preset=paper`` the paper's forms (the defaults); 
   trained under; ``after`` (reference) with the weights after this round's logit update.
 * ``merge_grad``: which entries enter ``<Theta_j - theta_i, g_i>``: ``all`` (default, Eq. 6) = every
   trainable parameter (BatchNorm running statistics are excluded: their deltas are not loss
-  gradients); ``head`` (reference) = the last Linear layer's weight and bias; ``topk`` = per client,
-  the ``merge_grad_topk`` fraction of largest-|g| parameters (the paper's "pruning before the inner
-  product").
+  gradients); ``head`` = the last Linear layer's weight and bias; ``from_key`` (reference) = every
+  parameter from the first state-dict key containing ``merge_grad_key`` on, every parameter when no
+  key contains it (the reference's rule with 'linear', the name of its ResNet's head; this project's
+  models name their head ``classifier``, so on them the literal rule takes the whole model and
+  ``merge_grad_key=classifier`` takes the head); ``topk`` = per client, the ``merge_grad_topk``
+  fraction of largest-|g| parameters (the paper's "pruning before the inner product").
+* Numerics: the logit gradient needs ``<Theta_j - theta_i, g_i>``; it is formed as ``<Theta_j, g_i>``
+  minus its weighted mean, and those products are redone with float64 accumulation when they cancel
+  (nearly equal global models, where float32 would lose 0.5% of the step or more; see
+  ``merging.inner_products``). Well-separated models keep the float32 products, bit for bit.
+* ``preset``: the server options of each preset are in ``PRESETS``; an option set explicitly that
+  contradicts the preset is refused in one line. ``preset=reference`` also sets the client's training
+  as the reference code does (``PRESET_CLIENT``: SGD lr 0.01, which it hard-codes, 2 local epochs,
+  batch 32, no momentum or weight decay), but for these an explicit value wins (studies tune the
+  learning rate under the preset); the command line's built-in defaults (lr 0.2) are not explicit.
 * ``merge_weights``: ``dynamic`` (default) learns A; ``fixed`` (Table 4 ablation) gives each client
   ``fixed_k`` of the d models drawn at random (seeded per client), uniform on those, frozen.
 * Initialisation: global model j comes from its own seeded generator; model 0 uses the same
@@ -59,7 +71,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationInfo, model_validator
 from torch import nn
 
 from fedmerge.core.algorithm import (
@@ -71,6 +83,7 @@ from fedmerge.core.algorithm import (
     ModelFactory,
     PlainSGD,
     StateDict,
+    keys_set_by_user,
 )
 from fedmerge.core.seeding import NO_ROUND, torch_generator
 from fedmerge.core.training import ExtraLoss
@@ -96,8 +109,16 @@ class FedMergeConfig(AlgorithmConfig):
         "fixed_magnitude", description="fixed_magnitude: largest logit change logit_lr per round; gradient: SGD"
     )
     logit_lr: float = Field(0.01, gt=0, description="merge-logit step (max change, or SGD learning rate)")
-    merge_grad: Literal["all", "head", "topk"] = Field(
-        "all", description="entries in the merge-weight inner product: all parameters, classifier head, top-k |g|"
+    merge_grad: Literal["all", "head", "from_key", "topk"] = Field(
+        "all",
+        description="entries in the merge-weight inner product: all parameters, the last Linear layer (head), "
+        "every parameter from the first state-dict key containing merge_grad_key on (from_key), top-k |g|",
+    )
+    merge_grad_key: str = Field(
+        "linear",
+        min_length=1,
+        description="from_key: the word that starts the entries (the reference's models name their head 'linear', "
+        "this project's 'classifier'); no key containing it: every parameter",
     )
     merge_grad_topk: float = Field(0.1, gt=0, le=1, description="fraction of entries kept per client for topk")
     merge_weights: Literal["dynamic", "fixed"] = Field(
@@ -117,13 +138,14 @@ class FedMergeConfig(AlgorithmConfig):
     )
     preset: Literal["paper", "reference"] | None = Field(
         None,
-        description="fill the server-step options with the paper's forms or the reference code's exact behaviour; "
-        "options set explicitly must agree with it",
+        description="fill the server-step options with the paper's forms or the reference code's exact behaviour "
+        "(server options set explicitly must agree with it); reference also sets the client's SGD (lr 0.01, 2 "
+        "epochs, batch 32, no momentum or weight decay) unless set explicitly",
     )
 
     @model_validator(mode="before")
     @classmethod
-    def _apply_preset(cls, data: Any) -> Any:
+    def _apply_preset(cls, data: Any, info: ValidationInfo) -> Any:
         if not isinstance(data, dict) or data.get("preset") is None:
             return data
         preset = data["preset"]
@@ -131,10 +153,16 @@ class FedMergeConfig(AlgorithmConfig):
             return data  # the Literal check reports it
         out = dict(data)
         for key, value in PRESETS[preset].items():
+            if (preset, key, out.get(key)) in FORMER_PRESET_VALUES:
+                continue  # a run folder (or study row) written under the former rule keeps it
             if key in out and out[key] != value:
                 msg = f"{key}={out[key]!r} contradicts preset {preset!r} ({key}={value!r}); drop one of them"
                 raise ValueError(msg)
             out[key] = value
+        written = keys_set_by_user(data, info.context)
+        for key, value in PRESET_CLIENT.get(preset, {}).items():
+            if key not in written:  # a value the user wrote wins; a built-in default does not
+                out[key] = value
         return out
 
     @model_validator(mode="after")
@@ -144,13 +172,16 @@ class FedMergeConfig(AlgorithmConfig):
         return self
 
 
-# The server step of each preset. ``paper``: Eqs. 5-6 at one point (both updates use the current
-# weights), the inner product over every parameter, the fixed-magnitude logit step whose increment is
-# its threshold, Theta by the column-normalised convex combination ("learning rate 1: the global model
-# is replaced with the local update model"). ``reference``: shutong043/FedMerge @ac60469 exactly: the
-# head-only inner product, a 0.01 increment with logit_lr as the stop threshold (10,000 steps at most),
-# and Theta weights read from the updated logits. The defaults are the paper's forms: the paper is the
-# authority on the method; the reference preset is for reproducing the authors' numbers.
+# The server step of each preset (an explicit option that contradicts it is refused). ``paper``: Eqs.
+# 5-6 at one point (both updates use the current weights), the inner product over every parameter, the
+# fixed-magnitude logit step whose increment is its threshold, Theta by the column-normalised convex
+# combination ("learning rate 1: the global model is replaced with the local update model").
+# ``reference``: shutong043/FedMerge @ac60469 exactly: the inner product over the parameters from the
+# first state-dict key containing ``merge_grad_key`` on (its get_top_layers_from_key with 'linear': the
+# head of its ResNet; every parameter when no key contains the word), a 0.01 increment with logit_lr as
+# the stop threshold (10,000 steps at most), and Theta weights read from the updated logits. The
+# defaults are the paper's forms: the paper is the authority on the method; the reference preset is for
+# reproducing the authors' numbers.
 PRESETS: dict[str, dict[str, Any]] = {
     "paper": {
         "theta_update": "normalized",
@@ -164,9 +195,21 @@ PRESETS: dict[str, dict[str, Any]] = {
         "theta_update": "normalized",
         "logit_step": "fixed_magnitude",
         "logit_increment": 0.01,
-        "merge_grad": "head",
+        "merge_grad": "from_key",
         "theta_weights": "after",
     },
+}
+
+# Values a preset set before it followed the reference more closely, still accepted when written: the
+# reference preset took the last Linear layer (``merge_grad: head``) until it took the reference's key rule
+# (``from_key``), and run folders and study rows of that time must keep loading and resuming as they ran.
+FORMER_PRESET_VALUES = {("reference", "merge_grad", "head")}
+
+# What each preset sets on the client, unless the user wrote it (an explicit value wins: studies tune
+# the learning rate under the reference preset). The reference code hard-codes SGD with lr 0.01, no
+# momentum or weight decay (whatever --lr says), and defaults to 2 local epochs of batch 32.
+PRESET_CLIENT: dict[str, dict[str, Any]] = {
+    "reference": {"lr": 0.01, "local_epochs": 2, "batch_size": 32, "momentum": 0.0, "weight_decay": 0.0},
 }
 
 
@@ -180,6 +223,7 @@ class FlatLayout:
     num_params: int  # columns [0, num_params) are trainable parameters
     head: tuple[int, int]  # columns of the last Linear layer's parameters
     dtype: torch.dtype
+    state_keys: tuple[str, ...] = ()  # every state-dict key, in the model's order
 
     @classmethod
     def of(cls, model: nn.Module) -> FlatLayout:
@@ -201,7 +245,24 @@ class FlatLayout:
         num_params = sum(state[n].numel() for n in params)
         ints = tuple((k, v.shape, v.dtype) for k, v in state.items() if not v.is_floating_point())
         dtype = state[order[0]].dtype if order else torch.float32
-        return cls(tuple(floats), ints, offset, num_params, (head_start, num_params), dtype)
+        return cls(tuple(floats), ints, offset, num_params, (head_start, num_params), dtype, tuple(state))
+
+    def param_columns_from_key(self, word: str) -> slice | torch.Tensor:
+        """Columns of the trainable parameters from the first state-dict key containing ``word`` on (the
+        reference's ``get_top_layers_from_key``); every parameter when no key contains it. Buffers
+        (BatchNorm statistics) are left out, as the reference's inner product skips them. Parameters keep
+        the model's order in the stack except the head, moved last, so the columns are one range (a
+        slice: a view) unless the word first appears inside the head and parameters follow the head."""
+        first = next((i for i, key in enumerate(self.state_keys) if word in key), 0)
+        chosen = set(self.state_keys[first:])
+        spans = sorted(
+            (off, off + shape.numel()) for key, shape, off in self.floats if key in chosen and off < self.num_params
+        )
+        if not spans:
+            return slice(0, 0)
+        if sum(b - a for a, b in spans) == spans[-1][1] - spans[0][0]:
+            return slice(spans[0][0], spans[-1][1])
+        return torch.cat([torch.arange(a, b) for a, b in spans])
 
     def flatten_into(self, state: StateDict, row: torch.Tensor) -> None:
         for key, shape, off in self.floats:
@@ -309,7 +370,7 @@ class FedMerge(Algorithm):
         new_logits = logits.clone()
         if cfg.merge_weights == "dynamic":
             # g_i = -delta_i, so <Theta_j, g_i> = -<Theta_j, delta_i>; uses Theta before its update.
-            inner = -merging.inner_products(self._merge_grad_columns(deltas), self._merge_theta_columns(theta))
+            inner = -merging.inner_products(self._merge_grad_columns(deltas), self._merge_theta_columns(theta), w)
             grad = merging.logit_gradient(w, inner)  # without p_i
             if cfg.logit_step == "fixed_magnitude":
                 step = merging.fixed_magnitude_step(grad, p, cfg.logit_lr, cfg.logit_increment)
@@ -335,16 +396,22 @@ class FedMerge(Algorithm):
         self.layout.flatten_rows(deltas, out)
         return out
 
-    def _merge_grad_columns(self, deltas: torch.Tensor) -> torch.Tensor:
+    def _merge_columns(self) -> slice | torch.Tensor:
+        """The columns that enter the merge-weight inner product (``merge_grad``)."""
         cfg, lay = self.config, self.layout
         if cfg.merge_grad == "head":
-            return deltas[:, lay.head[0] : lay.head[1]]
-        params = deltas[:, : lay.num_params]
-        return merging.topk_mask(params, cfg.merge_grad_topk) if cfg.merge_grad == "topk" else params
+            return slice(*lay.head)
+        if cfg.merge_grad == "from_key":
+            return lay.param_columns_from_key(cfg.merge_grad_key)
+        return slice(0, lay.num_params)
+
+    def _merge_grad_columns(self, deltas: torch.Tensor) -> torch.Tensor:
+        cols = _columns(deltas, self._merge_columns())
+        cfg = self.config
+        return merging.topk_mask(cols, cfg.merge_grad_topk) if cfg.merge_grad == "topk" else cols
 
     def _merge_theta_columns(self, theta: torch.Tensor) -> torch.Tensor:
-        lay = self.layout
-        return theta[:, lay.head[0] : lay.head[1]] if self.config.merge_grad == "head" else theta[:, : lay.num_params]
+        return _columns(theta, self._merge_columns())
 
     def server_report(self, state: ServerState, rnd: int) -> dict[str, Any]:
         w = merging.merge_weights(state.tensors["logits"])
@@ -380,3 +447,7 @@ class FedMerge(Algorithm):
         self, payload: Payload, state: ClientState, trained: StateDict, meta: dict[str, Any]
     ) -> tuple[Update, ClientState]:
         return Update({k: trained[k] - v for k, v in payload.tensors.items()}, meta), state
+
+
+def _columns(x: torch.Tensor, cols: slice | torch.Tensor) -> torch.Tensor:
+    return x[:, cols] if isinstance(cols, slice) else x.index_select(1, cols.to(x.device))

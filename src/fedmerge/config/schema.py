@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from fedmerge.algorithms import ALGORITHMS
 from fedmerge.algorithms.privacy import PrivacySettings
 from fedmerge.config.schema_docs import did_you_mean, keys_at
+from fedmerge.core.algorithm import BUILTIN_DEFAULTS
 from fedmerge.core.loop import EVAL_CLIENTS_HELP, parse_eval_clients
 from fedmerge.core.registry import Registry
 from fedmerge.data import DATASETS, PARTITIONERS, NoiseConfig, SplitConfig
@@ -286,16 +287,26 @@ def merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> BaseModel:
-    data = merge(DEFAULT_CONFIG, read_yaml(Path(path))) if path is not None else dict(DEFAULT_CONFIG)
+    user = read_yaml(Path(path)) if path is not None else {}
+    data = merge(DEFAULT_CONFIG, user)
     data = apply_overrides(_deep_copy(data), overrides or [])
-    return validate(data)
+    return validate(data, builtin_algorithm_keys(user, overrides or []))
 
 
-def validate(data: dict[str, Any]) -> BaseModel:
+def builtin_algorithm_keys(user: dict[str, Any], overrides: list[str]) -> frozenset[str]:
+    """The algorithm keys that hold a built-in default (neither the file nor an override wrote them):
+    an algorithm's preset may replace those (FedMerge's reference preset sets its own lr)."""
+    section = user.get("algorithm")
+    written = set(section) if isinstance(section, dict) else set()
+    written |= {key.split(".")[1] for key in (o.partition("=")[0] for o in overrides) if key.startswith("algorithm.")}
+    return frozenset(key for key in DEFAULT_CONFIG["algorithm"] if key not in written)
+
+
+def validate(data: dict[str, Any], builtin_algorithm: frozenset[str] = frozenset()) -> BaseModel:
     if data.get("name") is None:
         data = {**data, "name": default_name(data)}
     try:
-        return experiment_model().model_validate(data)
+        return experiment_model().model_validate(data, context={BUILTIN_DEFAULTS: builtin_algorithm})
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc, data)) from None
 

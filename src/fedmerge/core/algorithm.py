@@ -63,6 +63,18 @@ class AlgorithmConfig(ComponentConfig, LocalTraining):
     """Base of algorithm configs: the component name plus local-training hyper-parameters."""
 
 
+# Validation context key (``model_validate(data, context={BUILTIN_DEFAULTS: keys})``): the algorithm keys
+# whose value is one of the command line's built-in defaults rather than a value the user wrote. A
+# config validator that fills options (a preset) may replace those; a value the user wrote it must not.
+BUILTIN_DEFAULTS = "builtin_algorithm_defaults"
+
+
+def keys_set_by_user(data: dict[str, Any], context: dict[str, Any] | None) -> set[str]:
+    """The keys of a raw algorithm section that the user wrote (see ``BUILTIN_DEFAULTS``)."""
+    builtin = (context or {}).get(BUILTIN_DEFAULTS, ())
+    return {key for key in data if key not in builtin}
+
+
 @dataclass
 class ClientContext:
     """What the engine gives a client update besides its data and state."""
