@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -33,7 +34,8 @@ from fedmerge.run.results import DONE
 from fedmerge.sweep.runner import sweep_records
 from fedmerge.sweep.spec import spec_from_args
 
-PLUGIN_DIR = Path(__file__).parent / "plugin_example"
+ROOT = Path(__file__).parent.parent
+PLUGIN_DIR = ROOT / "tests" / "plugin_example"
 MODULE = "fedmerge_server_step"
 METHOD = "fedavg_server_lr"
 CONFIG = {
@@ -216,3 +218,22 @@ def test_plugin_method_in_a_flower_simulation(plugin_config, tmp_path):
     local = run(load_config(plugin_config), tmp_path / "local")
     flower = run(load_config(plugin_config, ["engine=flower", "flower.num_cpus=1"]), tmp_path / "flower")
     assert_runs_identical(local.run_dir, flower.run_dir)
+
+
+# --- docs/extending.md ------------------------------------------------------------------------------
+def _python_blocks() -> list[str]:
+    return re.findall(r"```python\n(.*?)```", (ROOT / "docs" / "extending.md").read_text(), re.S)
+
+
+def test_the_walk_through_shows_the_example_plugin_as_it_is():
+    assert _python_blocks()[0] in (PLUGIN_DIR / f"{MODULE}.py").read_text()
+
+
+def test_the_walk_through_dataset_and_model_run(tmp_path, monkeypatch):
+    (block,) = [b for b in _python_blocks() if b.startswith("# my_components.py\n")]
+    (tmp_path / "my_components.py").write_text(block)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), *sys.path]))
+    args = ["plugins=[my_components]", "dataset.name=blobs", "model.name=tanh_net", "model.hidden=16"]
+    fedmerge("run", *args, "rounds=1", "partition.num_clients=3", "--out", str(tmp_path / "run"), "--no-progress")
+    saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert saved["dataset"]["name"] == "blobs" and saved["model"] == {"name": "tanh_net", "hidden": 16}
