@@ -17,7 +17,7 @@ import torch
 from helpers import assert_runs_identical, quick_config, run
 
 from fedmerge.algorithms.fedavg import FedAvg, FedAvgConfig
-from fedmerge.config.schema import experiment_model, load_config
+from fedmerge.config.schema import load_config
 from fedmerge.core.algorithm import ALGORITHMS
 from fedmerge.run.results import RunStore
 
@@ -40,9 +40,6 @@ class FailingFedAvg(FedAvg):
         if ctx.cid == 1 and ctx.round == 2:
             raise RuntimeError("injected failure of client 1 in round 2")
         return super().client_update(payload, data, state, ctx)
-
-
-experiment_model.cache_clear()  # the schema is built once; rebuild it with the test algorithm
 
 
 # --- Flower's simulation runtime (Ray) ------------------------------------------------------------

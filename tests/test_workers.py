@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from fedmerge.algorithms.fedavg import FedAvg, FedAvgConfig
 from fedmerge.cli import app
-from fedmerge.config.schema import ConfigError, experiment_model, load_config
+from fedmerge.config.schema import ConfigError, load_config
 from fedmerge.core.algorithm import ALGORITHMS
 from fedmerge.core.loop import RoundFailed
 from fedmerge.engines import workers
@@ -43,9 +43,6 @@ class FaultyFedAvg(FedAvg):
                 os.kill(os.getpid(), signal.SIGKILL)
             raise ValueError("injected failure of client 1 in round 2")
         return super().client_update(payload, data, state, ctx)
-
-
-experiment_model.cache_clear()  # the schema is built once; rebuild it with the test algorithm
 
 
 @pytest.fixture(autouse=True)

@@ -26,6 +26,12 @@ NAME_ARG = typer.Argument(None, help="a registered name (e.g. fedmerge): print i
 def list_components(kind: str | None = KIND_ARG, name: str | None = NAME_ARG) -> None:
     """Show the registered components, or every option of one: fedmerge list algorithm fedmerge."""
     from fedmerge.config import catalog
+    from fedmerge.config.schema import ConfigError, load_plugins
+
+    try:
+        load_plugins(())  # the installed plugins' components are listed too
+    except ConfigError as exc:
+        fail(str(exc), 2)
 
     if kind is None:
         for registry in catalog.REGISTRIES.values():

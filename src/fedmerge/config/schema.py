@@ -8,19 +8,28 @@ with a one-line message naming the key path.
 from __future__ import annotations
 
 import re
-from functools import cache
+from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    create_model,
+    field_validator,
+)
 
 from fedmerge.algorithms import ALGORITHMS
 from fedmerge.algorithms.privacy import PrivacySettings
 from fedmerge.config.schema_docs import did_you_mean, keys_at
 from fedmerge.core.algorithm import BUILTIN_DEFAULTS
 from fedmerge.core.loop import EVAL_CLIENTS_HELP, parse_eval_clients
-from fedmerge.core.registry import Registry
+from fedmerge.core.plugins import PluginError, import_plugins, load_installed
+from fedmerge.core.registry import Registry, registry_version
 from fedmerge.data import DATASETS, PARTITIONERS, NoiseConfig, SplitConfig
 from fedmerge.models import MODELS
 
@@ -38,6 +47,7 @@ DEFAULT_CONFIG: dict[str, Any] = {
 CONFIG_FILE = "config.yaml"
 
 RUN_NAME = re.compile(r"^[A-Za-z0-9_.+-]+$")
+MODULE_NAME = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
 
 
 class ConfigError(ValueError):
@@ -95,6 +105,12 @@ class RunSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    # empty: omitted from config.yaml so that existing run folders stay unchanged
+    plugins: tuple[Annotated[str, StringConstraints(pattern=MODULE_NAME)], ...] = Field(
+        (),
+        description="modules imported before the config is read, registering components of other packages "
+        "(docs/extending.md); saved in config.yaml, so resumes, sweeps and Flower nodes import them too",
+    )
     name: str = Field(
         "experiment",
         min_length=1,
@@ -150,9 +166,15 @@ class RunSettings(BaseModel):
         return value
 
 
-@cache
 def experiment_model() -> type[BaseModel]:
-    """The full schema, built once the registries are populated."""
+    """The full schema, built from the registries after the installed plugins registered their components;
+    built again when a component is registered later (a plugin a config names, a test's own method)."""
+    load_plugins(())
+    return _experiment_model(registry_version())
+
+
+@lru_cache(maxsize=1)
+def _experiment_model(version: int) -> type[BaseModel]:
     return create_model(
         "ExperimentConfig",
         __base__=RunSettings,
@@ -286,9 +308,23 @@ def merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def load_plugins(modules: Any) -> None:
+    """Import the installed plugins, then ``modules`` (a config's ``plugins``; a malformed value is left to
+    validation to report), so that their components are registered; ConfigError when one cannot be imported."""
+    try:
+        load_installed()
+        if isinstance(modules, list | tuple) and all(isinstance(m, str) and re.match(MODULE_NAME, m) for m in modules):
+            import_plugins(modules)
+    except PluginError as exc:
+        raise ConfigError(str(exc)) from None
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> BaseModel:
     user = read_yaml(Path(path)) if path is not None else {}
     data = merge(DEFAULT_CONFIG, user)
+    # before the overrides: switching a section to a plugin's component keeps the keys that component accepts
+    named = [parse_override(o)[1] for o in overrides or [] if o.partition("=")[0] == "plugins"]
+    load_plugins(named[-1] if named else data.get("plugins"))
     data = apply_overrides(_deep_copy(data), overrides or [])
     return validate(data, builtin_algorithm_keys(user, overrides or []))
 
@@ -303,6 +339,7 @@ def builtin_algorithm_keys(user: dict[str, Any], overrides: list[str]) -> frozen
 
 
 def validate(data: dict[str, Any], builtin_algorithm: frozenset[str] = frozenset()) -> BaseModel:
+    load_plugins(data.get("plugins"))
     if data.get("name") is None:
         data = {**data, "name": default_name(data)}
     try:
@@ -414,6 +451,7 @@ def config_warnings(cfg: BaseModel) -> list[str]:
 def defaults_left_out(cfg: BaseModel) -> set[str]:
     """Keys added after run folders existed, left out of config.yaml (and the digest) at their default."""
     left_out = {"eval_clients"} if getattr(cfg, "eval_clients", "all") == "all" else set()
+    left_out |= {"plugins"} if not getattr(cfg, "plugins", ()) else set()
     left_out |= {"vectorize"} if not getattr(cfg, "vectorize", False) else set()
     left_out |= {"privacy"} if getattr(cfg, "privacy", None) is None else set()
     return left_out | ({"keep_freed_memory"} if getattr(cfg, "keep_freed_memory", True) else set())

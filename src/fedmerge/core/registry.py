@@ -15,6 +15,15 @@ from pydantic import BaseModel, ConfigDict, Field
 
 T = TypeVar("T")
 
+# Bumped by every registration in any registry: what is built from the registries (the experiment
+# schema) keys its cache on it, so a component registered after first use (a plugin) is seen.
+_version = 0
+
+
+def registry_version() -> int:
+    """How many components have been registered so far, in all registries together."""
+    return _version
+
 
 class ComponentConfig(BaseModel):
     """Base of every component config: unknown keys are errors, values are immutable."""
@@ -47,9 +56,11 @@ class Registry(Generic[T]):
             raise TypeError(f"{config.__name__}.name must default to {name!r}")
 
         def decorator(obj: T) -> T:
+            global _version
             if name in self._entries:
                 raise ValueError(f"{self.kind} {name!r} is already registered")
             self._entries[name] = Entry(name, obj, config, description)
+            _version += 1
             return obj
 
         return decorator

@@ -130,7 +130,7 @@ def spec_from_args(args: list[str], tuned: str | None = None) -> SweepSpec:
     for text in rest:
         path, value = parse_override(text)
         key = ".".join(path)
-        if isinstance(value, list):
+        if isinstance(value, list) and key != "plugins":  # a list of modules to import, never an axis
             grid[key] = _grid_values(key, value)
         else:
             fixed.append(text)

@@ -2,7 +2,8 @@
 
 The server sends only what client work depends on: the algorithm and model sections, the seed, the
 thread count, the device, the evaluation batch size, the split rules and whether a process keeps freed
-memory, plus the number of clients. In a simulation
+memory, plus the number of clients and the config's ``plugins`` (modules that register components of
+other packages, imported by the node with its installed plugins before it reads the rest). In a simulation
 the job also names the data config (``data``), because virtual nodes rebuild their partition on the
 server's machine; a deployed node's data comes from its own file and the job names none.
 """
@@ -25,9 +26,19 @@ def client_job(experiment: dict[str, Any], num_clients: int, *, with_data: bool)
     if experiment.get("privacy") is not None:  # DP-SGD runs on the node; a target epsilon plans for the rounds
         job["privacy"] = experiment["privacy"]
         job["rounds"], job["participation"] = experiment["rounds"], experiment["participation"]
+    if experiment.get("plugins"):  # absent when empty: jobs of runs without plugins stay unchanged
+        job["plugins"] = list(experiment["plugins"])
     if with_data:
         job["data"] = {key: experiment[key] for key in DATA_SECTIONS} | {"seed": experiment["seed"]}
     return job
+
+
+def load_job_plugins(job: dict[str, Any]) -> None:
+    """Import the node's installed plugins and the job's ``plugins``, before its sections are read."""
+    from fedmerge.core.plugins import import_plugins, load_installed
+
+    load_installed()
+    import_plugins(job.get("plugins", ()))
 
 
 def parse_sections(job: dict[str, Any], algorithm_module: str) -> tuple[Any, Any]:

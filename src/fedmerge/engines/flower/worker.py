@@ -37,7 +37,7 @@ from fedmerge.engines.local import LocalEngine
 from fedmerge.engines.memory import keep_freed_memory
 from fedmerge.engines.workers import set_threads
 
-from .job import build_data, parse_sections
+from .job import build_data, load_job_plugins, parse_sections
 from .node import NodeSettings, node_data, node_meta, node_settings
 from .protocol import DEPLOYMENT, JOB, METRICS, PAYLOAD, SIMULATION, STATE, STATE_KEY, UPDATE, partition_id
 from .records import get_record, has_record, put_record, state_from_config, state_to_config
@@ -84,6 +84,7 @@ def _worker(job: ConfigRecord, settings: NodeSettings | None) -> _Worker:
     if key not in _cache:
         _cache.clear()  # one experiment at a time per process
         spec = json.loads(key[0])
+        load_job_plugins(spec)  # before the data (a plugin's dataset) and the sections are read
         device = resolve_device(spec["device"])
         if settings is not None:  # deployment: this node's own data and nothing else
             client, meta = node_data(settings, spec.get("split"), int(spec["seed"]))

@@ -1,0 +1,239 @@
+"""Plugins: a method from a package of its own (tests/plugin_example) reaches every place a run happens.
+
+Two ways in: the entry point the installed package declares (``fedmerge.plugins``; .ci/run installs it),
+and a config's ``plugins: [module]``, saved in config.yaml. The end-to-end tests take the second way
+with the installed plugins switched off (FEDMERGE_DISABLE_PLUGIN_AUTOLOAD=1) in every process they
+start, so that only the saved key can bring the method into a resumed run, a sweep's run processes
+and Flower's ClientApps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Literal
+
+import pytest
+import torch
+import yaml
+from helpers import assert_runs_identical, run
+from typer.testing import CliRunner
+
+from fedmerge.algorithms.fedavg import FedAvg, FedAvgConfig
+from fedmerge.cli import app
+from fedmerge.config.schema import ConfigError, defaults_left_out, load_config, to_yaml
+from fedmerge.core import plugins
+from fedmerge.core.algorithm import ALGORITHMS
+from fedmerge.core.types import ServerState, Update
+from fedmerge.engines.flower.job import client_job, load_job_plugins
+from fedmerge.run.results import DONE
+from fedmerge.sweep.runner import sweep_records
+from fedmerge.sweep.spec import spec_from_args
+
+ROOT = Path(__file__).parent.parent
+PLUGIN_DIR = ROOT / "tests" / "plugin_example"
+MODULE = "fedmerge_server_step"
+METHOD = "fedavg_server_lr"
+CONFIG = {
+    "plugins": [MODULE],
+    "rounds": 2,
+    "partition": {"name": "dirichlet", "num_clients": 3, "alpha": 0.5},
+    "algorithm": {"name": METHOD, "server_lr": 0.5, "local_epochs": 1},
+}
+
+
+@pytest.fixture
+def plugin_config(tmp_path, monkeypatch) -> Path:
+    """A config naming the example plugin, whose module this process and the ones it starts can import
+    (from its source folder) but no process loads as an installed plugin."""
+    monkeypatch.syspath_prepend(str(PLUGIN_DIR))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(PLUGIN_DIR), *sys.path]))
+    monkeypatch.setenv(plugins.AUTOLOAD_OFF, "1")
+    path = tmp_path / "plugin.yaml"
+    path.write_text(yaml.safe_dump(CONFIG))
+    return path
+
+
+def fedmerge(*args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.run([sys.executable, "-m", "fedmerge", *args], env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+# --- the example method ---------------------------------------------------------------------------
+def test_server_step_by_hand(plugin_config):
+    cfg = load_config(plugin_config)
+    cls = ALGORITHMS.get(METHOD).obj
+    state = ServerState({"w": torch.tensor([1.0, 2.0]), "count": torch.tensor(3)})
+    updates = {
+        0: Update({"w": torch.tensor([3.0, 4.0]), "count": torch.tensor(5)}, {"num_examples": 1}),
+        1: Update({"w": torch.tensor([5.0, 8.0]), "count": torch.tensor(9)}, {"num_examples": 3}),
+    }  # mean by samples: w = [4.5, 7.0], count = round(8.0)
+    for lr, expected in [(0.5, [2.75, 4.5]), (1.5, [6.25, 9.5])]:
+        algorithm = cls(cfg.algorithm.model_copy(update={"server_lr": lr}), None, 2, 0)
+        new = algorithm.aggregate(state, 1, updates).tensors
+        assert torch.equal(new["w"], torch.tensor(expected)) and torch.equal(new["count"], torch.tensor(8))
+    fedavg = FedAvg(FedAvgConfig(), None, 2, 0).aggregate(state, 1, updates).tensors
+    one = cls(cfg.algorithm.model_copy(update={"server_lr": 1.0}), None, 2, 0).aggregate(state, 1, updates).tensors
+    assert all(torch.equal(one[k], fedavg[k]) for k in fedavg)  # server_lr 1 is FedAvg, bit for bit
+
+
+# --- loading ----------------------------------------------------------------------------------------
+class LateConfig(FedAvgConfig):
+    name: Literal["test_registered_late"] = "test_registered_late"
+
+
+def test_a_component_registered_after_the_first_config_is_accepted():
+    load_config()  # builds (and caches) the schema
+    with pytest.raises(ConfigError, match="unknown name 'test_registered_late'"):
+        load_config(None, ["algorithm.name=test_registered_late"])
+    ALGORITHMS.register("test_registered_late", config=LateConfig, description="test only")(FedAvg)
+    assert load_config(None, ["algorithm.name=test_registered_late"]).algorithm.name == "test_registered_late"
+
+
+def test_the_plugins_key_is_imported_saved_and_left_out_when_empty(plugin_config):
+    cfg = load_config(plugin_config)
+    assert cfg.algorithm.name == METHOD and cfg.plugins == (MODULE,)
+    saved = yaml.safe_load(to_yaml(cfg))
+    assert saved["plugins"] == [MODULE]
+    assert load_config(plugin_config, ["seed=1"]).seed == 1  # loading it again is a no-op, not a second registration
+    plain = load_config()
+    assert "plugins" not in yaml.safe_load(to_yaml(plain)) and "plugins" in defaults_left_out(plain)
+
+
+def test_a_module_that_fails_to_import_is_one_line_every_time(tmp_path, monkeypatch):
+    (tmp_path / "plugin_fails_halfway.py").write_text(
+        "from fedmerge.algorithms.fedavg import FedAvg, FedAvgConfig\n"
+        "from fedmerge.core.algorithm import ALGORITHMS\n"
+        "from typing import Literal\n"
+        "class C(FedAvgConfig):\n"
+        "    name: Literal['test_plugin_halfway'] = 'test_plugin_halfway'\n"
+        "ALGORITHMS.register('test_plugin_halfway', config=C, description='test only')(FedAvg)\n"
+        "raise RuntimeError('boom')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    expected = "plugins: cannot import plugin_fails_halfway (RuntimeError: boom)"
+    for _ in range(2):  # the second time the same error, not "already registered"
+        with pytest.raises(ConfigError) as err:
+            load_config(None, ["plugins=[plugin_fails_halfway]"])
+        assert str(err.value) == expected
+    result = CliRunner().invoke(app, ["run", "plugins=[no_such_plugin_module]", "--no-progress"])
+    assert result.exit_code == 2
+    assert result.output.strip().splitlines() == [
+        "error: plugins: cannot import no_such_plugin_module (ModuleNotFoundError: No module named "
+        "'no_such_plugin_module')"
+    ]
+    with pytest.raises(ConfigError, match="^plugins.0: String should match pattern"):
+        load_config(None, ["plugins=[not a module]"])
+
+
+def test_an_installed_plugin_that_fails_is_one_line_unless_switched_off(tmp_path, monkeypatch):
+    info = tmp_path / "broken_plugin-0.1.dist-info"  # what pip installs for a package with the entry point
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-plugin\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(f"[{plugins.ENTRY_POINT_GROUP}]\nbroken = no_such_installed_plugin\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(plugins, "_installed_loaded", False)
+    assert ("broken", "no_such_installed_plugin") in plugins.installed_plugins()
+    for command in (["list"], ["run", "rounds=1", "--no-progress"]):
+        result = CliRunner().invoke(app, command)
+        assert result.exit_code == 2, result.output
+        assert result.output.strip().splitlines() == [
+            "error: installed plugin 'broken' (entry point fedmerge.plugins): cannot import no_such_installed_plugin "
+            "(ModuleNotFoundError: No module named 'no_such_installed_plugin'); "
+            "FEDMERGE_DISABLE_PLUGIN_AUTOLOAD=1 skips installed plugins"
+        ]
+    monkeypatch.setenv(plugins.AUTOLOAD_OFF, "1")
+    assert CliRunner().invoke(app, ["list"]).exit_code == 0
+
+
+def test_installed_plugin_runs_without_the_key(tmp_path):
+    if ("server_step", MODULE) not in plugins.installed_plugins():
+        pytest.skip("example plugin not installed: pip install -e tests/plugin_example (.ci/run does)")
+    env = {k: v for k, v in os.environ.items() if k != plugins.AUTOLOAD_OFF}
+    out = tmp_path / "run"
+    args = ["run", f"algorithm.name={METHOD}", "algorithm.server_lr=0.5", "rounds=1", "partition.num_clients=3"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "fedmerge", *args, "--out", str(out), "--no-progress"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    saved = yaml.safe_load((out / "config.yaml").read_text())
+    assert saved["algorithm"]["name"] == METHOD and "plugins" not in saved
+
+
+def test_sweep_keeps_a_plugins_list_fixed():
+    spec = spec_from_args([f"plugins=[{MODULE}]", "seed=[0,1]"])
+    assert spec.overrides == (f"plugins=[{MODULE}]",) and list(spec.grid) == ["seed"]
+
+
+def test_the_client_job_names_the_plugins_and_a_node_imports_them(tmp_path, monkeypatch):
+    (tmp_path / "plugin_probe_for_jobs.py").write_text("LOADED = True\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    experiment = load_config().model_dump(mode="json")
+    assert "plugins" not in client_job(experiment, 3, with_data=False)  # jobs without plugins stay unchanged
+    job = client_job({**experiment, "plugins": ["plugin_probe_for_jobs"]}, 3, with_data=True)
+    assert job["plugins"] == ["plugin_probe_for_jobs"]
+    load_job_plugins(json.loads(json.dumps(job)))
+    assert sys.modules["plugin_probe_for_jobs"].LOADED
+
+
+# --- end to end, through the saved key only ---------------------------------------------------------
+def test_plugin_method_runs_and_resumes_in_new_processes(plugin_config, tmp_path):
+    out = tmp_path / "run"
+    fedmerge("run", str(plugin_config), "--out", str(out), "--no-progress")
+    assert yaml.safe_load((out / "config.yaml").read_text())["plugins"] == [MODULE]
+    resumed = fedmerge("run", "--resume", str(out), "rounds=3", "--no-progress")  # reads config.yaml only
+    assert "resuming from round 2 of 3" in resumed.stderr + resumed.stdout
+    reference = run(load_config(plugin_config, ["rounds=3"]), tmp_path / "reference")
+    assert_runs_identical(out, reference.run_dir)
+
+
+def test_plugin_method_in_a_sweep(plugin_config, tmp_path):
+    out = tmp_path / "sweep"
+    args = ["sweep", str(plugin_config), "algorithm.server_lr=[0.5,2.0]", "rounds=1", "--out", str(out)]
+    result = CliRunner().invoke(app, [*args, "--no-progress"])  # each run is a `fedmerge run` process
+    assert result.exit_code == 0, result.output
+    records = {r.key: r for r in sweep_records(out)}
+    assert len(records) == 2
+    assert {r.status for r in records.values()} == {DONE}, {k: r.error for k, r in records.items()}
+    rows = []
+    for key in sorted(records):
+        saved = yaml.safe_load((out / "runs" / key / "config.yaml").read_text())
+        assert saved["plugins"] == [MODULE] and saved["algorithm"]["name"] == METHOD
+        rows.append(json.loads((out / "runs" / key / "metrics.jsonl").read_text().splitlines()[-1]))
+    assert rows[0]["eval"]["global"] != rows[1]["eval"]["global"]  # the server step size changed the global model
+
+
+def test_plugin_method_in_a_flower_simulation(plugin_config, tmp_path):
+    pytest.importorskip("flwr", reason="Flower absent: pip install -e '.[flower]'")
+    pytest.importorskip("ray", reason="Flower simulation needs ray: pip install -e '.[flower]'")
+    local = run(load_config(plugin_config), tmp_path / "local")
+    flower = run(load_config(plugin_config, ["engine=flower", "flower.num_cpus=1"]), tmp_path / "flower")
+    assert_runs_identical(local.run_dir, flower.run_dir)
+
+
+# --- docs/extending.md ------------------------------------------------------------------------------
+def _python_blocks() -> list[str]:
+    return re.findall(r"```python\n(.*?)```", (ROOT / "docs" / "extending.md").read_text(), re.S)
+
+
+def test_the_walk_through_shows_the_example_plugin_as_it_is():
+    assert _python_blocks()[0] in (PLUGIN_DIR / f"{MODULE}.py").read_text()
+
+
+def test_the_walk_through_dataset_and_model_run(tmp_path, monkeypatch):
+    (block,) = [b for b in _python_blocks() if b.startswith("# my_components.py\n")]
+    (tmp_path / "my_components.py").write_text(block)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), *sys.path]))
+    args = ["plugins=[my_components]", "dataset.name=blobs", "model.name=tanh_net", "model.hidden=16"]
+    fedmerge("run", *args, "rounds=1", "partition.num_clients=3", "--out", str(tmp_path / "run"), "--no-progress")
+    saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert saved["dataset"]["name"] == "blobs" and saved["model"] == {"name": "tanh_net", "hidden": 16}
