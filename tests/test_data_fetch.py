@@ -181,3 +181,19 @@ def test_fetch_dataset_uses_the_override_only_inside_it(tmp_path: Path) -> None:
     with served_dataset("mnist", {f.name: b"1" for f in original.files}):
         fetch_dataset("mnist", tmp_path, progressbar=False)
     assert CATALOG.get("mnist") is original
+
+
+def test_list_dataset_shows_the_download_size_licence_and_fetch_command(monkeypatch):
+    from fedmerge import cli
+    from fedmerge.cli import app as main_app
+    from fedmerge.data.catalog import CATALOG
+
+    monkeypatch.setattr(cli.out, "width", 400)  # one line per sentence
+
+    for name in ("cifar100", "tiny_imagenet", "femnist"):
+        result = CliRunner().invoke(main_app, ["list", "dataset", name])
+        assert result.exit_code == 0, result.output
+        assert f"fedmerge data fetch {name}" in result.output
+        assert CATALOG.get(name).licence in result.output
+    result = CliRunner().invoke(main_app, ["list", "dataset", "digits"])
+    assert result.exit_code == 0 and "fedmerge data fetch" not in result.output  # nothing to fetch

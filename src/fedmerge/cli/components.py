@@ -94,6 +94,8 @@ def _print_options(kind: str, name: str | None) -> None:
             f"{kind}.name={registered}: {catalog.REGISTRIES[kind].get(registered).description}\n"
             f"set a key as {kind}.KEY=VALUE"
         )
+        if kind == "dataset" and (fetched := fetched_text(registered)):
+            out.print(fetched, highlight=False, soft_wrap=True)
     elif kind == "run":
         title = "top-level settings, set as KEY=VALUE (sections: fedmerge list)"
     else:
@@ -104,3 +106,17 @@ def _print_options(kind: str, name: str | None) -> None:
     for row in describe(cls):
         table.add_row(row.key, escape(row.type), escape(row.default), escape(row.description))
     out.print(table)
+
+
+def fetched_text(name: str) -> str:
+    """For a dataset ``fedmerge data fetch`` knows: its download size, licence and the fetch command."""
+    from fedmerge.cli.data import human
+    from fedmerge.data.catalog import CATALOG
+
+    if name not in CATALOG.names():
+        return ""
+    entry = CATALOG.get(name)
+    return (
+        f"download {human(entry.download_size)} ({entry.title}; {entry.licence}): fedmerge data fetch {name}, "
+        f"or dataset.download=true"
+    )
