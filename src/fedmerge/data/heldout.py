@@ -84,12 +84,15 @@ def heldout_tests(heldout: Pool, mix: np.ndarray, n: int, rng: np.random.Generat
 
 
 def _shortage(heldout: Pool, mix: np.ndarray, n: int, stratum: int, demand: int, supply: np.ndarray) -> str:
-    fits = max((m for m in range(1, n) if (quotas(mix, m).sum(axis=0) <= supply).all()), default=0)
+    fits, too_many = 0, n  # bisection: ``fits`` per client fit, one more does not
+    while too_many - fits > 1:
+        mid = (fits + too_many) // 2
+        fits, too_many = (mid, too_many) if (quotas(mix, mid).sum(axis=0) <= supply).all() else (fits, mid)
     domain, label = divmod(stratum, heldout.num_classes)
     name = heldout.class_names[label] if heldout.class_names else str(label)
     what = f"class {name}" + ("" if heldout.domain is None else f" of domain {domain}")
     where = "none" if not len(heldout) else f"only {int(supply[stratum])}"
-    advice = f"at most {fits} per client fit" if fits else "none fit"
+    advice = f"{fits} per client fit" if fits else "none fit"
     return (
         f"split.test_per_client: {len(mix)} clients x {n} test samples need {demand} held-out samples of {what}, "
         f"but {where} lie outside dataset.max_samples' subsample ({advice}); lower split.test_per_client or "

@@ -1,13 +1,16 @@
 """Classification metrics on logits and their summaries across clients."""
 
 from .classification import calibration_errors, classification_metrics, nll, topk_accuracy
+from .noise import mean_accuracy_standard_error, required_test_size
 from .summary import lower_is_better, summarize, summarize_clients
 
 __all__ = [
     "calibration_errors",
     "classification_metrics",
     "lower_is_better",
+    "mean_accuracy_standard_error",
     "nll",
+    "required_test_size",
     "summarize",
     "summarize_clients",
     "topk_accuracy",
