@@ -217,9 +217,7 @@ def test_held_out_draw_is_deterministic_and_refuses_what_does_not_fit(probe: Poo
     assert fingerprint(a) == fingerprint(b)
     other = build(PROBE, DIRICHLET, split, NoiseConfig(), 6)
     assert not np.array_equal(ids(a.clients[0].x_test), ids(other.clients[0].x_test))
-    with pytest.raises(
-        ValueError, match=r"split.test_per_client: 12 clients x 1000 .*\(\d+ per client fit\)"
-    ) as e:
+    with pytest.raises(ValueError, match=r"split.test_per_client: 12 clients x 1000 .*\(\d+ per client fit\)") as e:
         build(PROBE, DIRICHLET, SplitConfig(test_per_client=1000), NoiseConfig(), 5)
     fits = int(str(e.value).split("(")[1].split()[0])
     assert all(

@@ -54,7 +54,8 @@ def quotas(mix: np.ndarray, n: int) -> np.ndarray:
     exact = mix * (n / mix.sum(axis=1, keepdims=True))
     quota = np.floor(exact).astype(np.int64)
     short = n - quota.sum(axis=1)
-    order = np.argsort(-(exact - quota), axis=1, kind="stable")
+    remainder = np.where(mix > 0, exact - quota, -1.0)  # a stratum the client lacks never gets a sample
+    order = np.argsort(-remainder, axis=1, kind="stable")
     rank = np.empty_like(order)
     np.put_along_axis(rank, order, np.arange(mix.shape[1])[None, :].repeat(len(mix), axis=0), axis=1)
     return quota + (rank < short[:, None])
