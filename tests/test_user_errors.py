@@ -421,7 +421,10 @@ def test_list_says_where_fedit_is():
         (["algorithm.name=ditto", "algorithm.lambda=1"], "did you mean lam?"),
         (["roundz=3"], "roundz: unknown key; did you mean rounds?"),
         (["algorithm.mu=0.1"], "algorithm.mu: unknown key for algorithm 'fedavg'; it belongs to fedprox"),
-        (["split.val=0.1"], "valid keys: val_fraction, test_fraction (described by: fedmerge list split)"),
+        (
+            ["split.val=0.1"],
+            "valid keys: val_fraction, test_fraction, test_per_client (described by: fedmerge list split)",
+        ),
         (["algorithm.name=fedmerg"], "unknown name 'fedmerg'; did you mean fedmerge"),
     ],
 )

@@ -57,7 +57,7 @@ def export_clients_cmd(
     Each file is self-contained: it also names the classes and the input shape."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-    from fedmerge.config.schema import load_config
+    from fedmerge.config.schema import defaults_left_out, load_config
     from fedmerge.data.client_files import POOLED_FILE, check_out_dir, export_clients, source_digest, write_pooled_test
     from fedmerge.run.prepare import load_data
 
@@ -70,7 +70,8 @@ def export_clients_cmd(
         cfg = load_config(config_path, overrides)
         check_out_dir(out_dir, force=force)  # before the (slow) data build
         data = load_data(cfg)
-        digest = source_digest(cfg.model_dump(mode="json", include={"dataset", "partition", "split", "noise", "seed"}))
+        sections = {"dataset", "partition", "split", "noise", "seed"}
+        digest = source_digest(cfg.model_dump(mode="json", include=sections, exclude=defaults_left_out(cfg)))
         columns = (TextColumn("export-clients"), BarColumn(), MofNCompleteColumn())
         with Progress(*columns, console=err, transient=True, disable=not progress) as bar:
             task = bar.add_task("", total=data.num_clients)

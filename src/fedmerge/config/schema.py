@@ -448,15 +448,24 @@ def config_warnings(cfg: BaseModel) -> list[str]:
     return warnings
 
 
-def defaults_left_out(cfg: BaseModel) -> set[str]:
-    """Keys added after run folders existed, left out of config.yaml (and the digest) at their default."""
-    left_out = {"eval_clients"} if getattr(cfg, "eval_clients", "all") == "all" else set()
-    left_out |= {"plugins"} if not getattr(cfg, "plugins", ()) else set()
-    left_out |= {"vectorize"} if not getattr(cfg, "vectorize", False) else set()
-    left_out |= {"privacy"} if getattr(cfg, "privacy", None) is None else set()
-    return left_out | ({"keep_freed_memory"} if getattr(cfg, "keep_freed_memory", True) else set())
+def defaults_left_out(cfg: BaseModel) -> dict[str, Any]:
+    """Keys added after run folders existed, left out of config.yaml (and the digest) at their default, as
+    a pydantic ``exclude`` mapping (nested keys under their section)."""
+    left_out: dict[str, Any] = {"eval_clients": True} if getattr(cfg, "eval_clients", "all") == "all" else {}
+    left_out |= {"plugins": True} if not getattr(cfg, "plugins", ()) else {}
+    left_out |= {"vectorize": True} if not getattr(cfg, "vectorize", False) else {}
+    left_out |= {"privacy": True} if getattr(cfg, "privacy", None) is None else {}
+    left_out |= {"keep_freed_memory": True} if getattr(cfg, "keep_freed_memory", True) else {}
+    for section, key, default in NESTED_ADDED_KEYS:
+        if getattr(getattr(cfg, section, None), key, default) == default:
+            left_out.setdefault(section, {})[key] = True
+    return left_out
+
+
+# (section, key, default): options of a section added after run folders existed
+NESTED_ADDED_KEYS = (("dataset", "subsample_seed", 0), ("split", "test_per_client", None))
 
 
 def to_yaml(cfg: BaseModel) -> str:
-    exclude = {k for k in ("flower", "log", "state") if getattr(cfg, k, None) is None} | defaults_left_out(cfg)
+    exclude = {k: True for k in ("flower", "log", "state") if getattr(cfg, k, None) is None} | defaults_left_out(cfg)
     return yaml.safe_dump(cfg.model_dump(mode="json", exclude=exclude or None), sort_keys=False)

@@ -349,6 +349,11 @@ def site_client(
     mapped (default: the site's own, which every site must then share). Tabular features are
     standardized with this site's training samples (a simulation uses the whole federation's).
     Label noise does not apply: a site's labels are its real ones."""
+    if split_cfg.test_per_client is not None:
+        raise ClientFileError(
+            "split.test_per_client draws test samples from the held-out part of a whole dataset, which a site "
+            "splitting its own raw data does not have; leave it unset, or give the nodes exported client files"
+        )
     names = [str(c) for c in (pool.class_names or range(pool.num_classes))]
     if classes is not None:
         index = {str(c): i for i, c in enumerate(classes)}

@@ -12,9 +12,10 @@ import torch
 
 from fedmerge.core.registry import ComponentConfig
 from fedmerge.core.seeding import numpy_rng
+from fedmerge.data.heldout import heldout_tests, num_strata, training_mix
 from fedmerge.data.noise import NoiseConfig, apply_label_noise
 from fedmerge.data.partitioners import PARTITIONERS, Partition
-from fedmerge.data.pool import Pool, load_pool, standardize
+from fedmerge.data.pool import Pool, load_pool, load_pool_and_heldout, standardize
 from fedmerge.data.split import SplitConfig, split_indices
 from fedmerge.data.transforms import rotate_images
 
@@ -197,9 +198,13 @@ def build_federated_dataset(
     """Load, partition, split each client into train/val/test, and add label noise to train labels.
 
     Every random step has its own generator keyed by the seed (and client id), so changing, say, the
-    noise does not change the partition or the splits.
+    noise does not change the partition or the splits. With ``split.test_per_client`` the test splits
+    come from the samples ``dataset.max_samples`` left out (:mod:`fedmerge.data.heldout`).
     """
-    return federate(load_pool(dataset_cfg), partition_cfg, split_cfg, noise_cfg, seed)
+    if split_cfg.test_per_client is None:
+        return federate(load_pool(dataset_cfg, seed), partition_cfg, split_cfg, noise_cfg, seed)
+    pool, heldout = load_pool_and_heldout(dataset_cfg, seed)
+    return federate(pool, partition_cfg, split_cfg, noise_cfg, seed, heldout)
 
 
 def compute_partition(pool: Pool, pcfg: ComponentConfig, seed: int) -> Partition:
@@ -242,9 +247,15 @@ def partition_from_arrays(arrays: dict[str, np.ndarray]) -> Partition:
 
 
 def federate(
-    pool: Pool, partition_cfg: ComponentConfig | dict, split_cfg: SplitConfig, noise_cfg: NoiseConfig, seed: int
+    pool: Pool,
+    partition_cfg: ComponentConfig | dict,
+    split_cfg: SplitConfig,
+    noise_cfg: NoiseConfig,
+    seed: int,
+    heldout: Pool | None = None,
 ) -> FederatedDataset:
-    """:func:`build_federated_dataset` on an already loaded pool."""
+    """:func:`build_federated_dataset` on an already loaded pool (and, for ``split.test_per_client``, the
+    held-out pool that :func:`~fedmerge.data.pool.load_pool_and_heldout` gives with it)."""
     pcfg = PARTITIONERS.parse(partition_cfg) if isinstance(partition_cfg, dict) else partition_cfg
     partition = partition_for(pool, pcfg, seed)
 
@@ -253,7 +264,9 @@ def federate(
         split_indices(pool.y[idx], split_cfg, numpy_rng(seed, client_id=cid, purpose="split"))
         for cid, idx in enumerate(indices)
     ]
-    x_np = pool.x
+    x_np, y_np = pool.x, pool.y
+    if split_cfg.test_per_client is not None:  # positions past the pool's rows: the held-out test samples
+        tests, x_np, y_np = _heldout_test_rows(pool, heldout, indices, splits, partition.groups, split_cfg, seed)
     if pool.standardize:  # statistics of the training samples only: nothing leaks from val/test
         train_rows = np.unique(np.concatenate([idx[train] for idx, (train, _, _) in zip(indices, splits)]))
         x_np = standardize(x_np, train_rows)
@@ -261,7 +274,12 @@ def federate(
     x_pool = x_pool.float() if x_pool.is_floating_point() else x_pool.long()
     # One gather puts every client's rows in one tensor, client by client (train, val, test); each
     # client's splits are views of it: one allocation for the population, not three per client.
-    order = [np.concatenate([idx[t] for t in split]) for idx, split in zip(indices, splits)]
+    if split_cfg.test_per_client is None:
+        order = [np.concatenate([idx[t] for t in split]) for idx, split in zip(indices, splits)]
+    else:  # the client's own test part is left unused: its train and val are unchanged
+        order = [
+            np.concatenate([idx[train], idx[val], test]) for idx, (train, val, _), test in zip(indices, splits, tests)
+        ]
     x_all = x_pool[torch.from_numpy(np.concatenate(order) if order else np.zeros(0, dtype=np.int64))]
     del x_pool
 
@@ -276,6 +294,7 @@ def federate(
         if partition.rotations is not None and partition.rotations[cid] % 360:
             x_all[start:end] = rotate_images(x_all[start:end], partition.rotations[cid])
         y = pool.y[idx]
+        y_test = y[test] if split_cfg.test_per_client is None else y_np[tests[cid]]
         y_train, y_clean = (
             (y[train], None)  # no generator to make per client when there is no noise
             if noise_cfg.kind == "none"
@@ -291,7 +310,7 @@ def federate(
                 x_val=x_all[a:b],
                 y_val=labels(y[val]),
                 x_test=x_all[b:end],
-                y_test=labels(y[test]),
+                y_test=labels(y_test),
                 group=None if partition.groups is None else int(partition.groups[cid]),
                 y_train_clean=None if y_clean is None else labels(y_clean),
             )
@@ -299,3 +318,29 @@ def federate(
         start = end
     class_names = None if pool.class_names is None else [str(c) for c in pool.class_names]
     return FederatedDataset(clients, pool.num_classes, tuple(pool.x.shape[1:]), pool.name, class_names)
+
+
+def _heldout_test_rows(
+    pool: Pool,
+    heldout: Pool | None,
+    indices: list[np.ndarray],
+    splits: list[tuple[np.ndarray, np.ndarray, np.ndarray]],
+    groups: list[int] | None,
+    split_cfg: SplitConfig,
+    seed: int,
+) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
+    """Each client's held-out test samples as rows past the pool's (``len(pool) + i``), and the pool's
+    x and y with those samples appended."""
+    if heldout is None or not len(heldout):
+        raise ValueError(
+            "split.test_per_client: the test samples are drawn from the dataset's samples outside "
+            f"dataset.max_samples' subsample, and there are none; set dataset.max_samples below the {len(pool)} "
+            "samples used now"
+        )
+    size = num_strata(pool, heldout)
+    mix = training_mix(pool, [idx[train] for idx, (train, _, _) in zip(indices, splits)], groups, size)
+    drawn = heldout_tests(heldout, mix, split_cfg.test_per_client, numpy_rng(seed, purpose="heldout_test"))
+    every = np.concatenate(drawn)
+    starts = len(pool) + np.concatenate(([0], np.cumsum([len(d) for d in drawn])))
+    tests = [np.arange(a, b) for a, b in zip(starts[:-1], starts[1:])]
+    return tests, np.concatenate([pool.x, heldout.x[every]]), np.concatenate([pool.y, heldout.y[every]])

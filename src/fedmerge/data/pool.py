@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Annotated, ClassVar, Literal
 
 import numpy as np
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from fedmerge.core.registry import ComponentConfig, Registry
 from fedmerge.core.seeding import numpy_rng
@@ -64,8 +65,28 @@ class DatasetConfig(ComponentConfig):
     """Options every dataset accepts."""
 
     max_samples: int | None = Field(
-        None, ge=1, description="keep a stratified, fixed-seed subsample of this many samples (quick runs)"
+        None,
+        ge=1,
+        description="keep a stratified subsample of this many samples (drawn with subsample_seed); the samples it "
+        "leaves out are the held-out data of split.test_per_client",
     )
+    subsample_seed: Annotated[int, Field(ge=0)] | Literal["run"] = Field(
+        0,
+        description="seed of max_samples' subsample: a number (default 0: the same samples for every run seed, as "
+        "the published studies had) or run (the run's seed: seeds then vary the data too, so the spread across "
+        "seeds includes sampling variance)",
+    )
+
+    @field_validator("subsample_seed", mode="before")
+    @classmethod
+    def _seed_or_run(cls, value: object) -> object:
+        if value == "run" or (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+            return value
+        raise ValueError("a seed (an integer >= 0) or run")
+
+    # A loader that draws max_samples' subsample itself (to skip work on the samples it leaves out) says so:
+    # load_pool then leaves the subsampling to it, and load_pool_and_heldout loads the rest separately.
+    subsamples_itself: ClassVar[bool] = False
 
     def token_length(self) -> int | None:
         """Length of the int64 token sequences this dataset yields, known before loading; None for
@@ -77,15 +98,23 @@ DatasetLoader = Callable[[ComponentConfig], Pool]
 DATASETS: Registry[DatasetLoader] = Registry("dataset")
 
 
-def stratified_subsample(pool: Pool, max_samples: int) -> Pool:
+def stratified_subsample(pool: Pool, max_samples: int, seed: int = 0) -> Pool:
     """Keep ``max_samples`` samples with class (and domain) proportions preserved.
 
-    The seed is fixed (derived from the dataset name) so that a quick run sees the same data for every
-    experiment seed: the experiment seed should vary the partition, not the dataset.
+    ``seed`` (``dataset.subsample_seed``) defaults to 0 for every experiment seed, so that a quick run sees
+    the same data whichever partition the experiment seed draws.
     """
     if max_samples >= len(pool):
         return pool
-    rng = numpy_rng(0, purpose=f"subsample/{pool.name}")
+    return pool.subset(subsample_rows(pool, max_samples, seed))
+
+
+def subsample_rows(pool: Pool, max_samples: int, seed: int = 0) -> np.ndarray:
+    """The rows (ascending) that :func:`stratified_subsample` keeps; every row when ``max_samples`` covers
+    the pool."""
+    if max_samples >= len(pool):
+        return np.arange(len(pool))
+    rng = numpy_rng(seed, purpose=f"subsample/{pool.name}")
     strata = pool.y if pool.domain is None else pool.domain.astype(np.int64) * pool.num_classes + pool.y
     keys, inverse, counts = np.unique(strata, return_inverse=True, return_counts=True)
     # Largest-remainder allocation: quotas sum exactly to max_samples.
@@ -94,7 +123,7 @@ def stratified_subsample(pool: Pool, max_samples: int) -> Pool:
     short = max_samples - quota.sum()
     quota[np.argsort(-(exact - quota), kind="stable")[:short]] += 1
     chosen = [rng.choice(np.flatnonzero(inverse == k), size=quota[k], replace=False) for k in range(len(keys))]
-    return pool.subset(np.sort(np.concatenate(chosen)))
+    return np.sort(np.concatenate(chosen))
 
 
 def to_float32(x: np.ndarray) -> np.ndarray:
@@ -137,12 +166,55 @@ def encode_labels(values: np.ndarray) -> tuple[np.ndarray, list[str]]:
     return codes.astype(np.int64).reshape(-1), [str(u) for u in uniques]
 
 
-def load_pool(dataset_cfg: ComponentConfig | dict) -> Pool:
-    """Load a registered dataset from its config (or a ``{"name": ...}`` dict), subsampled if asked."""
+def load_pool(dataset_cfg: ComponentConfig | dict, seed: int | None = None) -> Pool:
+    """Load a registered dataset from its config (or a ``{"name": ...}`` dict), subsampled if asked.
+
+    ``seed``: the run's seed, which ``dataset.subsample_seed: run`` draws the subsample with.
+    """
+    cfg = dataset_config(dataset_cfg, seed)
+    pool = _load_checked(cfg)
+    max_samples = getattr(cfg, "max_samples", None)
+    if max_samples is None or getattr(cfg, "subsamples_itself", False):
+        return pool
+    return stratified_subsample(pool, max_samples, getattr(cfg, "subsample_seed", 0))
+
+
+def load_pool_and_heldout(dataset_cfg: ComponentConfig | dict, seed: int | None = None) -> tuple[Pool, Pool]:
+    """The pool :func:`load_pool` gives, and the held-out pool: every sample of the dataset that
+    ``max_samples``' subsample leaves out (empty without ``max_samples``). No client is ever given a
+    held-out sample, so they can serve as test data (``split.test_per_client``)."""
+    cfg = dataset_config(dataset_cfg, seed)
+    max_samples = getattr(cfg, "max_samples", None)
+    if max_samples is None:
+        pool = _load_checked(cfg)
+        return pool, pool.subset(np.zeros(0, dtype=np.int64))
+    full = _load_checked(cfg.model_copy(update={"max_samples": None}))
+    rows = subsample_rows(full, max_samples, getattr(cfg, "subsample_seed", 0))
+    if getattr(cfg, "subsamples_itself", False):
+        pool = _load_checked(cfg)  # the loader's own subsample, exactly as load_pool gives it
+        same = np.array_equal(pool.y, full.y[rows]) and pool.x.shape == full.x[rows].shape
+        if not same or (pool.x.dtype.kind == "f" and not np.allclose(pool.x, full.x[rows], rtol=1e-3, atol=1e-3)):
+            raise RuntimeError(f"dataset {cfg.name!r}: its loader's subsample is not stratified_subsample's")
+    else:
+        pool = full.subset(rows) if len(rows) < len(full) else full
+    rest = np.ones(len(full), dtype=bool)
+    rest[rows] = False
+    return pool, full.subset(np.flatnonzero(rest))
+
+
+def dataset_config(dataset_cfg: ComponentConfig | dict, seed: int | None = None) -> ComponentConfig:
+    """The parsed dataset config with ``subsample_seed: run`` replaced by the run's ``seed``."""
     cfg = DATASETS.parse(dataset_cfg) if isinstance(dataset_cfg, dict) else dataset_cfg
+    if getattr(cfg, "subsample_seed", 0) != "run" or getattr(cfg, "max_samples", None) is None:
+        return cfg  # nothing to draw with the run's seed
+    if seed is None:
+        raise ValueError("dataset.subsample_seed: 'run' draws the subsample with the run's seed, and none was given")
+    return cfg.model_copy(update={"subsample_seed": seed})
+
+
+def _load_checked(cfg: ComponentConfig) -> Pool:
     pool = DATASETS.get(cfg.name).obj(cfg)
     # every loader, built-in or added later: no NaN/Inf reaches training
     where = getattr(cfg, "path", None) or getattr(cfg, "data_dir", None) or f"dataset {cfg.name!r}"
     require_finite(pool.x, str(where))
-    max_samples = getattr(cfg, "max_samples", None)
-    return pool if max_samples is None else stratified_subsample(pool, max_samples)
+    return pool

@@ -11,6 +11,14 @@ class SplitConfig(BaseModel):
 
     val_fraction: float = Field(0.1, ge=0, lt=1)
     test_fraction: float = Field(0.2, gt=0, lt=1)
+    test_per_client: int | None = Field(
+        None,
+        ge=1,
+        description="draw each client's test split as this many held-out samples (the dataset's samples outside "
+        "dataset.max_samples' subsample, which no client holds), with the (domain, class) mix of the client's "
+        "training data, or of its group's for cluster/domain partitions; the client's own test_fraction part is "
+        "then left unused, so train and val are unchanged. null: the test split is the client's test_fraction",
+    )
 
     @model_validator(mode="after")
     def _leaves_training_data(self) -> SplitConfig:

@@ -27,7 +27,8 @@ def config_digest(cfg: BaseModel) -> str:
     # numbers a run produces.
     # Nor does where client states live (``state``): a checkpoint records that itself (``client_store``).
     fixed = cfg.model_dump(
-        mode="json", exclude=RESUME_OVERRIDABLE | {"flower", "log", "state"} | defaults_left_out(cfg)
+        mode="json",
+        exclude=dict.fromkeys(RESUME_OVERRIDABLE | {"flower", "log", "state"}, True) | defaults_left_out(cfg),
     )
     return hashlib.sha256(repr(sorted(fixed.items())).encode()).hexdigest()
 
