@@ -18,7 +18,7 @@
     revisions:                  # later versions of the study, each applied on top of the one before
     - name: wide
       title: ... (grids widened)
-      description: ...
+      description_more: ...                      # appended to the description (or description: replaces it)
       regime: {lrs: [0.05, 0.1]}                 # the keys it sets replace the earlier ones
       methods:
       - label: FedAvg                            # a row it changes, by label
@@ -138,6 +138,7 @@ class Revision(_Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]*$")  # its runs' folder ends in _NAME
     title: str | None = None
     description: str | None = None
+    description_more: str | None = None  # appended to the description, after a space
     regime: Regime | None = None
     methods: list[RowChange] = []
 
@@ -190,6 +191,9 @@ def _apply(study: Study, rev: Revision) -> Study:
     for key in ("title", "description"):
         if getattr(rev, key) is not None:
             changed[key] = getattr(rev, key)
+    if rev.description_more is not None:
+        before = changed.get("description", study.description).strip()
+        changed["description"] = f"{before} {rev.description_more.strip()}"
     if rev.regime is not None:
         changed["regime"] = Regime(**{**study.regime.model_dump(), **rev.regime.model_dump(exclude_unset=True)})
     return study.model_copy(update=changed)
