@@ -238,3 +238,37 @@ def test_the_first_study_file_runs_folders_are_the_old_ones():
     assert runs_dir(Path("studies/x.yaml"), None) == Path("runs/repro/x")
     assert runs_dir(Path("studies/x.yaml"), "wide") == Path("runs/repro/x_wide")
     assert runs_dir(Path("studies/x.yaml"), "wide", Path("elsewhere/r")) == Path("elsewhere/r_wide")
+
+
+# --- the whole protocol, run -------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_running_the_study_and_then_its_revision_gives_the_old_scripts_reports(tmp_path, monkeypatch):
+    """Eight `fedmerge run` processes: the first revision's tuning (4) and seeds (2), then the wide
+    revision's two new runs; its other runs and the central references are copied from the first."""
+    import re
+
+    for name in ("base.yaml", "study_tiny.yaml"):
+        shutil.copy(TINY / name, tmp_path / name)
+    monkeypatch.chdir(tmp_path)
+    commit = re.compile(r"\| [0-9a-f]{8}(\+dirty)? \|$", re.M)  # the checkout each run was made from
+
+    result = CliRunner().invoke(app, ["study", "study_tiny.yaml", "--revision", "first", "--out", "a.md"])
+    assert result.exit_code == 0, result.output
+    assert "4 runs to do (0 done)" in result.output and "2 runs to do (2 done)" in result.output
+    result = CliRunner().invoke(app, ["study", "study_tiny.yaml", "--out", "b.md"])
+    assert result.exit_code == 0, result.output
+    assert "4 finished runs copied from runs/repro/study_tiny" in result.output
+    assert "1 runs to do (3 done)" in result.output  # tuning: FedAvg's new point; then its second seed
+    assert (tmp_path / "runs/repro/study_tiny_wide/regime-seed0.json").read_bytes() == (
+        tmp_path / "runs/repro/study_tiny/regime-seed0.json"
+    ).read_bytes()
+
+    for out, name in (("a", "study_tiny"), ("b", "study_tiny_wide")):
+        md, js = expected(name)
+        assert commit.sub("| C |", (tmp_path / f"{out}.md").read_text()) == commit.sub("| C |", md)
+        assert without_budget_total((tmp_path / f"{out}.json").read_text())[0] == js
+    status = [json.loads(line) for line in (tmp_path / "runs/repro/study_tiny/status.jsonl").read_text().splitlines()]
+    assert [s["status"] for s in status] == ["done"] * 6
+    assert (tmp_path / "runs/repro/study_tiny/logs/local-g0-s1.log").read_text().startswith("$ ")
