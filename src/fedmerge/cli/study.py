@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from fedmerge.cli.app import app, fail, notice, user_errors
+from fedmerge.cli.app import app, fail, notice, reason, user_errors
 
 
 @app.command()
@@ -34,6 +34,11 @@ def study(
     from fedmerge.study.report import report, write
     from fedmerge.study.spec import LATEST, load_study_file, resolve_path
 
+    if out_path is not None:  # found out now, not after hours of runs
+        try:
+            out_path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            fail(f"--out: cannot create the folder of {out_path} ({reason(exc)})", 2)
     try:
         path, named = resolve_path(study_file)
         if named is not None:

@@ -264,6 +264,7 @@ def conduct(
         history = [regime_only(s) for s in history]
         study = history[-1]
     folder = runs_dir(study_path, study.revision, runs)
+    notify(f"{study_path}, revision {study.revision or 'first'}: runs in {folder}")
     if not report_only:
         for earlier in reversed(history[:-1]):  # the newest copy of a run first
             old = runs_dir(study_path, earlier.revision, runs)

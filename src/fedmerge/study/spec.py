@@ -272,7 +272,10 @@ def check(study: Study) -> None:
     sizes = {m.label: len(m.points()) for m in study.methods}
     if len(set(sizes.values())) > 1:
         raise ConfigError(f"{where}unequal tuning budgets {sizes}; give every method the same number of grid points")
-    base = merge(DEFAULT_CONFIG, read_yaml(Path(study.base)))  # as load_config(study.base, ...), read once
+    try:
+        base = merge(DEFAULT_CONFIG, read_yaml(Path(study.base)))  # as load_config(study.base, ...), read once
+    except ConfigError as exc:
+        raise ConfigError(f"base: {exc} (a path relative to the working folder)") from None
     for m in study.methods:
         for point in m.points():
             try:
@@ -290,6 +293,8 @@ def _one_line(exc: ValidationError) -> str:
         key, parent = str(err["loc"][-1]), _model_at(err["loc"][:-1])
         valid = list(parent.model_fields) if parent else []
         msg = "unknown key" + (did_you_mean(key, valid) or (f"; valid keys: {', '.join(valid)}" if valid else ""))
+    elif err["type"] == "missing" and len(err["loc"]) == 1:
+        msg = "missing; a study file has at least title, base, seeds and methods"
     elif "input" in err and not isinstance(err["input"], dict | list):
         msg = f"{msg} (got {err['input']!r})"
     return f"{loc}: {msg}"
