@@ -3,7 +3,7 @@
     python scripts/reproductions_index.py            # write both files
     python scripts/reproductions_index.py --check    # exit 1, naming the file, if either is out of date
 
-Layout: ``docs/reproductions/PAPER/FAMILY/STUDY.json``, written by ``scripts/reproduce.py --out
+Layout: ``docs/reproductions/PAPER/FAMILY/STUDY.json``, written by ``fedmerge study --out
 .../STUDY.md`` next to its report; a family is one study and the revisions of its table, with a
 hand-written ``HISTORY.md`` and, where one was written, ``READING.md`` beside them. The hand-written
 ``verdicts.md`` stays at the top and no generator touches it. The README's first table, the study of
@@ -227,7 +227,7 @@ def family_index(families: list[Family]) -> list[str]:
 README_INTRO = """# Small-scale reproductions
 
 Small-scale analogues of the tables of the FedMerge, SuPerFed and LIVAR papers, each run as a study
-(`studies/NAME.yaml`) by `scripts/reproduce.py` into a report and a JSON file. This file is generated
+(`studies/NAME.yaml`, its revisions inside it) by `fedmerge study` into a report and a JSON file. This file is generated
 by `scripts/reproductions_index.py` from those JSON files and from the hand-written
 [verdicts.md](verdicts.md); do not edit it.
 
@@ -248,10 +248,11 @@ behind it, and says why two tables whose regime is not kept were run all the sam
   commit; the report prints the commands from those records.
 - The report gives its **regime check before any result**, and is published whether the regime is
   kept or not.
-- Where a row's choice sits at an edge of its grid, a revision of the study (`_wide`, `_wider`,
-  `_widest`; `_knobs` for a row's second knob) gives that row new points past the edge and shares
-  every unchanged run. A study family is one study and the revisions of its table; its `HISTORY.md`
-  says what each revision changed and why.
+- Where a row's choice sits at an edge of its grid, a revision of the study (`wide`, `wider`,
+  `widest`; `knobs` for a row's second knob: `revisions:` inside the study file, reports named
+  `STUDY_REV.md`) gives that row new points past the edge and reuses every unchanged run. A study
+  family is one study and the revisions of its table; its `HISTORY.md` says what each revision
+  changed and why.
 
 ## The bars
 
@@ -275,7 +276,7 @@ README_LINKS = """## More
 - To run a study and refresh this index:
 
   ```bash
-  python scripts/reproduce.py studies/NAME.yaml --out docs/reproductions/PAPER/FAMILY/NAME.md
+  fedmerge study studies/NAME.yaml [--revision REV] --out docs/reproductions/PAPER/FAMILY/NAME_REV.md
   python scripts/reproductions_index.py
   ```
 """

@@ -1,29 +1,25 @@
-"""scripts/reproduce.py finds runs by name: a run made with other settings must be refused, not reused."""
+"""``fedmerge study`` finds runs by name: a run made with other settings must be refused, not reused."""
 
 from __future__ import annotations
-
-import importlib.util
-from pathlib import Path
 
 import pytest
 import yaml
 from typer.testing import CliRunner
 
 from fedmerge.cli import app
+from fedmerge.config.schema import ConfigError
+from fedmerge.study import protocol as rp
+from fedmerge.study.report import reference_settings_text, shown_command
+from fedmerge.study.spec import Row, Study, load_study, run_overrides
 
-ROOT = Path(__file__).resolve().parents[1]
 
-
-def reproduce_module():
-    spec = importlib.util.spec_from_file_location("reproduce", ROOT / "scripts" / "reproduce.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def study_of(**fields) -> Study:
+    return Study.model_validate({"title": "t", **fields})
 
 
 @pytest.fixture(scope="module")
 def made_run(tmp_path_factory):
-    """A finished run of a one-row study's grid point 0 (lr 0.05), made by the CLI as reproduce.py makes it."""
+    """A finished run of a one-row study's grid point 0 (lr 0.05), made by the CLI as a study makes it."""
     tmp = tmp_path_factory.mktemp("study")
     base = tmp / "base.yaml"
     base.write_text(
@@ -37,7 +33,7 @@ def made_run(tmp_path_factory):
             }
         )
     )
-    study = {"base": str(base), "seeds": [0], "methods": [{"label": "FedAvg", "grid": {"algorithm.lr": [0.05]}}]}
+    study = study_of(base=str(base), seeds=[0], methods=[{"label": "FedAvg", "grid": {"algorithm.lr": [0.05]}}])
     overrides = ["algorithm.lr=0.05", "seed=0"]
     runs = tmp / "runs"
     result = CliRunner().invoke(
@@ -53,58 +49,64 @@ def made_run(tmp_path_factory):
         ],
     )
     assert result.exit_code == 0, result.output
-    return reproduce_module(), study, runs, overrides, base
+    return study, runs, overrides, base
 
 
 def test_a_run_made_with_the_studys_settings_is_reused(made_run):
-    rp, study, runs, overrides, _ = made_run
+    study, runs, overrides, _ = made_run
     folder = rp.run_folder(runs, "fedavg-g0-s0")
     assert rp.finished(folder)
     assert rp.stale(folder, study, "fedavg-g0-s0", overrides) is None
 
 
 def test_a_changed_grid_point_or_base_config_is_named(made_run, tmp_path):
-    rp, study, runs, _, base = made_run
+    study, runs, _, base = made_run
     folder = rp.run_folder(runs, "fedavg-g0-s0")
     assert rp.stale(folder, study, "fedavg-g0-s0", ["algorithm.lr=0.2", "seed=0"]) == (
         "algorithm.lr: study 0.2, run 0.05"
     )
     changed = tmp_path / "base.yaml"
     changed.write_text(base.read_text().replace("rounds: 1", "rounds: 2"))
-    assert rp.stale(folder, {**study, "base": str(changed)}, "fedavg-g0-s0", ["algorithm.lr=0.05", "seed=0"]) == (
-        "rounds: study 2, run 1"
-    )
+    moved = study.model_copy(update={"base": str(changed)})
+    assert rp.stale(folder, moved, "fedavg-g0-s0", ["algorithm.lr=0.05", "seed=0"]) == ("rounds: study 2, run 1")
 
 
 def test_run_all_refuses_a_stale_folder_in_one_line(made_run):
-    rp, study, runs, _, _ = made_run
-    with pytest.raises(SystemExit) as exc:
+    study, runs, _, _ = made_run
+    with pytest.raises(ConfigError) as exc:
         rp.run_all([("fedavg-g0-s0", ["algorithm.lr=0.2", "seed=0"])], study, runs, workers=1)
     message = str(exc.value)
-    assert message.startswith("error: ") and "\n" not in message
+    assert message.startswith(str(runs)) and "\n" not in message
     assert "algorithm.lr: study 0.2, run 0.05" in message and "delete it" in message
 
 
 def test_share_runs_copies_only_runs_the_new_study_asks_for_unchanged(made_run, tmp_path):
-    rp, study, runs, _, _ = made_run
+    study, runs, _, _ = made_run
     (runs / "regime-seed0.json").write_text("{}")
-    wider = {**study, "methods": [{"label": "FedAvg", "grid": {"algorithm.lr": [0.05, 0.4]}}]}
+    wider = study.model_copy(update={"methods": [Row(label="FedAvg", grid={"algorithm.lr": [0.05, 0.4]})]})
     new_runs = tmp_path / "wide"
     assert rp.share_runs(wider, new_runs, study, runs) == 1
     assert rp.finished(rp.run_folder(new_runs, "fedavg-g0-s0")) and not (new_runs / "fedavg-g1-s0").exists()
     assert (new_runs / "regime-seed0.json").exists()  # same regime settings and reference grid
     assert rp.share_runs(wider, new_runs, study, runs) == 0  # already there: nothing to do
 
-    moved = {**study, "regime": {"lrs": [0.4]}, "methods": [{"label": "FedAvg", "grid": {"algorithm.lr": [0.4, 0.05]}}]}
+    moved = study_of(
+        base=study.base,
+        seeds=[0],
+        regime={"lrs": [0.4]},
+        methods=[{"label": "FedAvg", "grid": {"algorithm.lr": [0.4, 0.05]}}],
+    )
     other = tmp_path / "moved"
     assert rp.share_runs(moved, other, study, runs) == 0  # g0 is now lr 0.4: a different run
     assert not (other / "regime-seed0.json").exists()  # the reference is tuned over other lrs
 
 
 def test_a_grid_point_the_config_refuses_is_named_before_anything_runs(made_run, tmp_path):
-    rp, study, _, _, base = made_run
+    study, _, _, base = made_run
     bad = {
-        **study,
+        "title": "t",
+        "base": study.base,
+        "seeds": [0],
         "methods": [
             {"label": "FedAvg", "grid": {"algorithm.lr": [0.05, 0.1]}},
             {"label": "Ditto", "overrides": ["algorithm.name=ditto"], "grid": {"algorithm.lam": [1.0, 100.0]}},
@@ -112,52 +114,54 @@ def test_a_grid_point_the_config_refuses_is_named_before_anything_runs(made_run,
     }
     path = tmp_path / "study.yaml"
     path.write_text(yaml.safe_dump(bad))
-    with pytest.raises(SystemExit) as exc:
-        rp.load_study(path)
+    with pytest.raises(ConfigError) as exc:
+        load_study(path)
     message = str(exc.value)
-    assert message.startswith("error: ") and "\n" not in message
+    assert message.startswith(f"{path}: ") and "\n" not in message
     assert "row 'Ditto'" in message and "100.0" in message and "lam must be below 2" in message
     good = {**bad, "methods": [bad["methods"][0], {**bad["methods"][1], "grid": {"algorithm.lam": [1.0, 10.0]}}]}
     path.write_text(yaml.safe_dump(good))
-    assert [m["label"] for m in rp.load_study(path)["methods"]] == ["FedAvg", "Ditto"]
+    assert [m.label for m in load_study(path).methods] == ["FedAvg", "Ditto"]
 
 
 def test_extra_points_follow_the_grid_count_in_the_budget_and_share_its_runs(made_run, tmp_path):
-    rp, study, runs, _, _ = made_run
-    row = {
-        "label": "FedAvg",
-        "grid": {"algorithm.lr": [0.05]},
-        "extra_points": [{"algorithm.lr": 0.05, "algorithm.local_epochs": 2}, {"algorithm.lr": 0.2}],
-    }
-    assert rp.grid_points(row) == [
+    study, runs, _, _ = made_run
+    row = Row(
+        label="FedAvg",
+        grid={"algorithm.lr": [0.05]},
+        extra_points=[{"algorithm.lr": 0.05, "algorithm.local_epochs": 2}, {"algorithm.lr": 0.2}],
+    )
+    assert row.points() == [
         {"algorithm.lr": 0.05},
         {"algorithm.lr": 0.05, "algorithm.local_epochs": 2},
         {"algorithm.lr": 0.2},
     ]
-    knobs = {**study, "methods": [row]}
+    knobs = study.model_copy(update={"methods": [row]})
     new_runs = tmp_path / "knobs"
     assert rp.share_runs(knobs, new_runs, study, runs) == 1  # g0 is the grid's point, unchanged
-    assert rp.base_overrides(row, rp.grid_points(row)[1], 0) == [
+    assert run_overrides(row, row.points()[1], 0) == [
         "algorithm.lr=0.05",
         "algorithm.local_epochs=2",
         "seed=0",
     ]
     unequal = {
-        **study,
+        "title": "t",
+        "base": study.base,
+        "seeds": [0],
         "methods": [
-            row,
+            row.model_dump(),
             {"label": "Local", "overrides": ["algorithm.name=local"], "grid": {"algorithm.lr": [0.05, 0.1]}},
         ],
     }
     path = tmp_path / "study.yaml"
     path.write_text(yaml.safe_dump(unequal))
-    with pytest.raises(SystemExit, match="unequal tuning budgets"):
-        rp.load_study(path)
+    with pytest.raises(ConfigError, match="unequal tuning budgets"):
+        load_study(path)
 
 
 def test_commands_show_paths_inside_the_repository_relative_to_it(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
-    shown = reproduce_module().shown_command(
+    shown = shown_command(
         f"fedmerge run configs/a.yaml seed=1 --output-dir {tmp_path}/runs/repro/old/fedavg-g0-s1 --no-progress "
         "dataset.path=/usr/share/data name='a b'"
     )
@@ -168,16 +172,17 @@ def test_commands_show_paths_inside_the_repository_relative_to_it(monkeypatch, t
 
 
 def test_the_report_states_the_reference_settings_the_study_used():
-    rp = reproduce_module()
     local = {"label": "Local", "grid": {"algorithm.lr": [0.05, 0.2, 0.4]}}
-    widened = {"regime": {"max_epochs": 8, "lrs": [0.05, 0.2]}, "methods": [local]}
-    assert rp.reference_settings_text(widened) == (
+    widened = study_of(base="b.yaml", seeds=[0], regime={"max_epochs": 8, "lrs": [0.05, 0.2]}, methods=[local])
+    assert reference_settings_text(widened) == (
         "The reference trains for at most 8 epochs; its learning rate is chosen per group from {0.05, 0.2} by "
         "validation loss."
     )
-    assert rp.reference_settings_text({"regime": {"max_epochs": 3}, "methods": [local]}).endswith(
+    short = study_of(base="b.yaml", seeds=[0], regime={"max_epochs": 3}, methods=[local])
+    assert reference_settings_text(short).endswith(
         "at most 3 epochs; its learning rate is chosen per group from the Local row's grid by validation loss."
     )
-    assert rp.reference_settings_text({"methods": [{"label": "FedAvg"}]}) == (
+    fedavg = study_of(base="b.yaml", seeds=[0], methods=[{"label": "FedAvg"}])
+    assert reference_settings_text(fedavg) == (
         "The reference trains for at most 40 epochs; its learning rate is the base config's."
     )

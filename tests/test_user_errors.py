@@ -95,6 +95,12 @@ def bad_invocations(tmp: Path, run_dir: Path) -> list[list[str]]:
         ["livar", "calibrate", str(run_dir)],
         ["livar", "calibrate", str(CONFIGS / "livar_proxy_bible.yaml"), "--a-edges", "x"],
         ["livar", "calibrate", str(CONFIGS / "digits_fedavg.yaml")],
+        ["study"],
+        ["study", "missing.yaml"],
+        ["study", str(tmp / "empty")],
+        ["study", str(tmp / "file.txt")],
+        ["study", str(CONFIGS / "digits_fedavg.yaml")],  # a config, not a study
+        ["study", str(Path(__file__).parent / "data" / "study_tiny" / "study_tiny.yaml")],  # its base is elsewhere
     ]
 
 

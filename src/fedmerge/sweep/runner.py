@@ -11,45 +11,34 @@ Each run is one ``fedmerge run ... --out SWEEP_DIR/runs/KEY`` process, so its pr
 a command that reproduces it alone. Running the sweep again skips finished runs, continues
 stopped ones from their checkpoints (``fedmerge run --resume``) and retries failed ones. A worker
 gets ``threads = cores // jobs`` (unless the config sets ``threads``) so that the processes do not
-oversubscribe the cores.
+oversubscribe the cores. The processes are started by ``fedmerge.sweep.launch``, which studies share.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
-import threading
-import time
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from fedmerge.config.schema import ConfigError, first_config_difference, load_config, make_folder
+from fedmerge.config.schema import ConfigError, first_config_difference, make_folder
 from fedmerge.core.checkpoint import atomic_write_bytes
 from fedmerge.run.results import CONFIG_FILE, DONE, FAILED, INCOMPLETE, METRICS_FILE, PENDING, SUMMARY_FILE, RunRecord
+from fedmerge.sweep.launch import INTERRUPTED, Launcher, Outcome, RunJob, config_difference, cores
 from fedmerge.sweep.spec import SweepPoint, SweepSpec, expand
+
+__all__ = ["INTERRUPTED", "Outcome", "SweepRunner", "cores", "prepare", "sweep_records"]
 
 SPEC_FILE = "sweep.yaml"
 INDEX_FILE = "index.json"
 STATUS_FILE = "status.jsonl"
 RUNS_DIR = "runs"
 LOGS_DIR = "logs"
-INTERRUPTED = "interrupted"
 
 Notify = Callable[[str], None]
-
-
-def cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 def is_sweep_dir(path: str | Path) -> bool:
@@ -96,12 +85,11 @@ def prepare(spec: SweepSpec, sweep_dir: Path) -> list[SweepPoint]:
 def _check_same_config(run_dir: Path, point: SweepPoint) -> None:
     if not (run_dir / CONFIG_FILE).is_file():
         return
-    try:
-        old = load_config(run_dir / CONFIG_FILE).model_dump(mode="json")
-    except ConfigError:
-        old = {}
     new = point.config.model_dump(mode="json")
-    diff = first_config_difference(old, new)
+    try:
+        diff = config_difference(run_dir, new)
+    except ConfigError:  # a config.yaml that no longer loads differs from the first key on
+        diff = first_config_difference({}, new)
     if diff is not None:
         key, was, now = diff
         raise ConfigError(
@@ -113,37 +101,34 @@ def _check_same_config(run_dir: Path, point: SweepPoint) -> None:
 # --- running -----------------------------------------------------------------------------------
 
 
-@dataclass
-class Outcome:
-    key: str
-    status: str  # DONE, FAILED or INTERRUPTED
-    error: str | None
-    seconds: float
+def run_args(spec: SweepSpec, point: SweepPoint, run_dir: Path, threads: int) -> list[str]:
+    """The ``fedmerge run`` arguments that start one point afresh."""
+    overrides = list(point.overrides)
+    if point.config.threads is None:
+        overrides.append(f"threads={threads}")
+    args = [*([spec.config] if spec.config else []), *overrides]
+    if spec.tuned:
+        args += ["--tuned", spec.tuned]
+    return [*args, "--out", str(run_dir)]
 
 
 def run_command(spec: SweepSpec, point: SweepPoint, run_dir: Path, threads: int) -> list[str]:
     """The ``fedmerge run`` process of one point: a new run, or the continuation of a stopped one."""
-    base = [sys.executable, "-m", "fedmerge", "run"]
-    if (run_dir / CONFIG_FILE).is_file():
-        return [*base, "--resume", str(run_dir), "--no-progress"]
-    overrides = list(point.overrides)
-    if point.config.threads is None:
-        overrides.append(f"threads={threads}")
-    cmd = [*base, *([spec.config] if spec.config else []), *overrides]
-    if spec.tuned:
-        cmd += ["--tuned", spec.tuned]
-    return [*cmd, "--out", str(run_dir), "--no-progress"]
+    return RunJob(point.key, tuple(run_args(spec, point, run_dir, threads)), run_dir, Path(os.devnull)).command()
 
 
 class SweepRunner:
-    """Runs the points of a prepared sweep, ``jobs`` at a time, and records each attempt."""
+    """Runs the points of a prepared sweep, ``jobs`` at a time, and records each attempt
+    (:class:`~fedmerge.sweep.launch.Launcher`)."""
 
     def __init__(self, spec: SweepSpec, sweep_dir: Path, points: list[SweepPoint], jobs: int) -> None:
-        self.spec, self.dir, self.points, self.jobs = spec, sweep_dir, points, max(1, jobs)
-        self.threads = max(1, cores() // self.jobs)
-        self._lock = threading.Lock()
-        self._procs: dict[str, subprocess.Popen] = {}
-        self.running: set[str] = set()
+        self.spec, self.dir, self.points = spec, sweep_dir, points
+        self.launcher = Launcher(jobs, status_file=sweep_dir / STATUS_FILE)
+        self.jobs, self.threads = self.launcher.jobs, self.launcher.threads
+
+    @property
+    def running(self) -> set[str]:
+        return self.launcher.running
 
     def run_dir(self, point: SweepPoint) -> Path:
         return self.dir / RUNS_DIR / point.key
@@ -151,56 +136,17 @@ class SweepRunner:
     def todo(self) -> list[SweepPoint]:
         return [p for p in self.points if not (self.run_dir(p) / SUMMARY_FILE).is_file()]
 
-    def execute(self, point: SweepPoint) -> Outcome:
+    def job(self, point: SweepPoint) -> RunJob:
         run_dir = self.run_dir(point)
-        cmd = run_command(self.spec, point, run_dir, self.threads)
-        env = {**os.environ, **{v: str(self.threads) for v in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}}
-        log = self.dir / LOGS_DIR / f"{point.key}.log"
-        log.parent.mkdir(parents=True, exist_ok=True)
-        start = time.perf_counter()
-        with self._lock:
-            self.running.add(point.key)
-        try:
-            with open(log, "a", encoding="utf-8") as fh:
-                fh.write(f"$ {' '.join(cmd)}\n")
-                fh.flush()
-                proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL)
-                with self._lock:
-                    self._procs[point.key] = proc
-                code = proc.wait()
-        finally:
-            with self._lock:
-                self.running.discard(point.key)
-                self._procs.pop(point.key, None)
-        done = code == 0 and (run_dir / SUMMARY_FILE).is_file()
-        status = DONE if done else INTERRUPTED if code in (130, -2, -15) else FAILED
-        outcome = Outcome(point.key, status, None if done else _error_line(log, code), time.perf_counter() - start)
-        self._record(outcome, code)
-        return outcome
+        args = run_args(self.spec, point, run_dir, self.threads)
+        return RunJob(point.key, tuple(args), run_dir, self.dir / LOGS_DIR / f"{point.key}.log")
 
-    def _record(self, outcome: Outcome, code: int) -> None:
-        line = {
-            "key": outcome.key,
-            "status": outcome.status,
-            "returncode": code,
-            "error": outcome.error,
-            "seconds": round(outcome.seconds, 3),
-            "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        }
-        with self._lock, open(self.dir / STATUS_FILE, "a", encoding="utf-8") as fh:
-            fh.write(json.dumps(line) + "\n")
+    def execute(self, point: SweepPoint) -> Outcome:
+        return self.launcher.execute(self.job(point))
 
     def stop(self) -> None:
         """Interrupt the running processes: each keeps its last checkpoint for the next sweep."""
-        with self._lock:
-            procs = list(self._procs.values())
-        for proc in procs:
-            proc.send_signal(2)  # SIGINT: `fedmerge run` stops cleanly
-        for proc in procs:
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        self.launcher.stop()
 
     def rounds_done(self, point: SweepPoint) -> int:
         path = self.run_dir(point) / METRICS_FILE
@@ -210,30 +156,8 @@ class SweepRunner:
             return 0
 
     def run(self, on_update: Callable[[SweepRunner, list[Outcome]], None] | None = None) -> list[Outcome]:
-        outcomes: list[Outcome] = []
-        todo = self.todo()
-        pool = ThreadPoolExecutor(self.jobs)
-        futures: set[Future] = {pool.submit(self.execute, p) for p in todo}
-        try:
-            while futures:
-                finished, futures = wait(futures, timeout=0.5, return_when=FIRST_COMPLETED)
-                outcomes += [f.result() for f in finished]
-                if on_update is not None:
-                    on_update(self, outcomes)
-        except KeyboardInterrupt:
-            pool.shutdown(wait=False, cancel_futures=True)
-            self.stop()
-            raise
-        pool.shutdown()
-        return outcomes
-
-
-def _error_line(log: Path, code: int) -> str:
-    """The run's one-line error (``error: ...``), else the last line it printed."""
-    lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
-    errors = [ln for ln in lines if ln.startswith("error:")]
-    line = errors[-1].removeprefix("error:").strip() if errors else (lines[-1] if lines else "")
-    return f"{line} (exit {code})" if line else f"exit {code}"
+        jobs = [self.job(p) for p in self.todo()]
+        return self.launcher.run(jobs, None if on_update is None else lambda outcomes: on_update(self, outcomes))
 
 
 # --- reading a sweep back ----------------------------------------------------------------------

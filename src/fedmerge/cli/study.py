@@ -1,0 +1,66 @@
+"""``fedmerge study``: a reproduction study (tuning, seeds, regime check) and its report."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import typer
+
+from fedmerge.cli.app import app, fail, notice, reason, user_errors
+
+
+@app.command()
+def study(
+    study_file: Path = typer.Argument(..., metavar="STUDY.yaml", help="the study file (studies/*.yaml)"),
+    runs: Path | None = typer.Option(
+        None, "--runs", help="run folders (default runs/repro/STUDY_NAME; a revision's: the same name + _REVISION)"
+    ),
+    out_path: Path | None = typer.Option(
+        None, "--out", help="the report's path; its numbers go next to it (.json) (default: print the report)"
+    ),
+    jobs: int = typer.Option(2, "--jobs", "-j", min=1, help="runs at a time, each in its own process with one thread"),
+    report_only: bool = typer.Option(False, "--report-only", help="write the report from the runs that exist"),
+    regime_only: bool = typer.Option(
+        False, "--regime-only", help="only the Local and FedAvg rows: check the regime before the table"
+    ),
+    revision: str | None = typer.Option(
+        None, "--revision", help="which revision of the study (default: the latest; first: the study as first written)"
+    ),
+) -> None:
+    """Run a reproduction study (tune every row on the tuning seed, run the chosen points on every seed,
+    check the regime) and write its report; finished runs are reused, stopped ones resumed."""
+    from fedmerge.study.protocol import conduct
+    from fedmerge.study.report import report, write
+    from fedmerge.study.spec import LATEST, load_study_file, resolve_path
+
+    if out_path is not None:  # found out now, not after hours of runs
+        try:
+            out_path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            fail(f"--out: cannot create the folder of {out_path} ({reason(exc)})", 2)
+    try:
+        path, named = resolve_path(study_file)
+        if named is not None:
+            if revision is not None and revision != named:
+                fail(f"{study_file} is revision {named!r} of {path}; it takes no --revision {revision}", 2)
+            notice(f"{study_file} is now revision {named!r} of {path}")
+        done = conduct(
+            load_study_file(path),
+            path,
+            named or revision or LATEST,
+            runs=runs,
+            jobs=jobs,
+            report_only=report_only,
+            only_regime=regime_only,
+            notify=notice,
+        )
+        if out_path is not None:
+            write(done, out_path)
+            notice(f"report in {out_path} (numbers in {out_path.with_suffix('.json')})")
+        else:
+            sys.stdout.write(report(done))
+    except user_errors() as exc:
+        fail(str(exc), 2)
+    except KeyboardInterrupt:
+        fail("interrupted; run the same command again to continue the study (finished runs are kept)", 130)

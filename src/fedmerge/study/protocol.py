@@ -1,0 +1,280 @@
+"""The reproduction protocol, the same for every row of a study:
+
+1. Tuning: every grid point of every row runs on the tuning seed; the point with the best mean client
+   *validation* score (at the best-validation-loss round) is chosen. Every row has the same number of
+   points (the equal budget; ``fedmerge.study.spec``).
+2. The chosen point runs on every seed; rows report mean +- std over seeds at the best-validation round
+   (the papers' model selection) and at the last round.
+3. The regime check: a central reference per seed (``fedmerge.study.regime``) against the tuned Local
+   and FedAvg rows. ``regime: {scope, max_epochs, lrs}`` sets how the reference trains: at most
+   ``max_epochs`` epochs, at the learning rates ``lrs`` (default: the Local row's grid), chosen by
+   validation loss.
+
+Each run is one ``fedmerge run`` process (``fedmerge.sweep.launch``), in a folder of its own named by
+the row, grid point and seed (``RUNS/KEY/RUN``): finished runs are skipped, unfinished ones resumed, so
+a study can be run again at will. A run folder whose config is not what the study now asks for (a
+grid, override or base config changed since it ran) is refused with the first difference, rather than
+reused under its old name. A revision first copies the finished runs of the earlier revisions that it
+asks for unchanged (same row, grid point, seed and config), and their central references when it
+trains the reference in the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fedmerge.config.schema import ConfigError, load_config
+from fedmerge.run.prepare import load_data
+from fedmerge.run.provenance import source_commit
+from fedmerge.run.results import DONE
+from fedmerge.study.regime import central_reference
+from fedmerge.study.spec import LATEST, Study, StudyFile, run_key, run_overrides, runs_dir
+from fedmerge.sweep.launch import Launcher, Outcome, RunJob, config_difference, finished_run, started_run
+
+Notify = Callable[[str], None]
+STATUS_FILE = "status.jsonl"  # one line per attempt, as in a sweep folder
+LOGS_DIR = "logs"  # RUNS/logs/KEY.log: what each attempt printed
+
+
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+# --- run folders -------------------------------------------------------------------------------
+
+
+def run_folder(runs: Path, key: str) -> Path | None:
+    """The run of ``key`` (its newest attempt's folder), or None before it started."""
+    return started_run(runs / key)
+
+
+def finished(folder: Path | None) -> bool:
+    return folder is not None and (folder / "summary.json").exists()
+
+
+def summary_of(runs: Path, key: str) -> dict[str, Any] | None:
+    folder = finished_run(runs / key)
+    return json.loads((folder / "summary.json").read_text()) if folder is not None else None
+
+
+def stale(folder: Path, study: Study, key: str, overrides: list[str]) -> str | None:
+    """Why the run in ``folder`` is not the one the study asks for now (its grid, overrides or base
+    config changed since it ran), or None."""
+    want = load_config(study.base, [*overrides, f"name={key}"]).model_dump(mode="json")
+    try:
+        diff = config_difference(folder, want)
+    except ConfigError as exc:
+        return f"its config.yaml no longer loads ({exc})"
+    return None if diff is None else f"{diff[0]}: study {diff[2]!r}, run {diff[1]!r}"
+
+
+# --- running -----------------------------------------------------------------------------------
+
+
+def run_all(
+    jobs: list[tuple[str, list[str]]], study: Study, runs: Path, workers: int, notify: Notify = _stderr
+) -> list[Outcome]:
+    """Bring every (key, overrides) run to its end, ``workers`` processes at a time, one thread each.
+    A failed run is recorded (RUNS/logs/KEY.log, RUNS/status.jsonl) and the others go on."""
+    todo = []
+    for key, overrides in jobs:
+        folder = run_folder(runs, key)
+        why = stale(folder, study, key, overrides) if folder is not None else None
+        if why:
+            raise ConfigError(f"{folder} was made with other settings ({why}); delete it, or restore the study file")
+        if not finished(folder):
+            todo.append(
+                RunJob(
+                    key,
+                    (study.base, *overrides, f"name={key}", "--output-dir", str(runs / key)),
+                    runs / key,
+                    runs / LOGS_DIR / f"{key}.log",
+                )
+            )
+    if not todo:
+        return []
+    t0 = time.time()
+    notify(f"{len(todo)} runs to do ({len(jobs) - len(todo)} done)")
+    shown = 0
+
+    def report(outcomes: list[Outcome]) -> None:
+        nonlocal shown
+        for i, o in enumerate(outcomes[shown:], shown + 1):
+            eta = (time.time() - t0) / i * (len(todo) - i)
+            what = "ok" if o.status == DONE else f"{o.status.upper()}: {o.error}"
+            notify(f"[{i}/{len(todo)}] {o.key}: {what}  (eta {eta / 60:.0f} min)")
+        shown = len(outcomes)
+
+    return Launcher(workers, threads=1, status_file=runs / STATUS_FILE).run(todo, report)
+
+
+def tune(study: Study, runs: Path, workers: int, notify: Notify = _stderr) -> dict[str, int]:
+    seed = study.tuning_seed
+    jobs = [
+        (run_key(m.label, i, seed), run_overrides(m, point, seed))
+        for m in study.methods
+        for i, point in enumerate(m.points())
+    ]
+    run_all(jobs, study, runs, workers, notify)
+    return choose(study, runs)
+
+
+def choose(study: Study, runs: Path) -> dict[str, int]:
+    """Per row, the grid point with the best validation score on the tuning seed (the first on a tie)."""
+    seed = study.tuning_seed
+    chosen = {}
+    for m in study.methods:
+        scores = [val_score(summary_of(runs, run_key(m.label, i, seed)), study) for i in range(len(m.points()))]
+        chosen[m.label] = max(range(len(scores)), key=lambda i: scores[i])
+    return chosen
+
+
+def run_seeds(study: Study, runs: Path, chosen: dict[str, int], workers: int, notify: Notify = _stderr) -> None:
+    jobs = []
+    for m in study.methods:
+        i = chosen[m.label]
+        for seed in study.seeds:
+            jobs.append((run_key(m.label, i, seed), run_overrides(m, m.points()[i], seed)))
+    run_all(jobs, study, runs, workers, notify)
+
+
+def reference_settings(study: Study) -> tuple:
+    """What the central reference depends on: two studies that agree share it."""
+    return study.base, study.reference_lrs(), study.regime.model_dump(exclude={"lrs"})
+
+
+def regime(study: Study, runs: Path) -> dict[int, dict[str, Any]]:
+    """The central reference of every seed, computed once (RUNS/regime-seedN.json) and then read."""
+    out = {}
+    opts = study.regime
+    for seed in study.seeds:
+        file = runs / f"regime-seed{seed}.json"
+        if not file.exists():
+            cfg = load_config(study.base, [*opts.overrides, f"seed={seed}"])
+            ref = central_reference(
+                load_data(cfg),
+                cfg.model,
+                cfg.algorithm,
+                seed,
+                scope=opts.scope,
+                max_epochs=opts.max_epochs,
+                lrs=study.reference_lrs(),
+            )
+            runs.mkdir(parents=True, exist_ok=True)
+            commit, dirty = source_commit()
+            file.write_text(json.dumps({**ref.to_json(), "commit": commit, "dirty": dirty}))
+        out[seed] = json.loads(file.read_text())
+    return out
+
+
+def share_runs(study: Study, runs: Path, old_study: Study, old_runs: Path) -> int:
+    """Copy into ``runs`` the finished runs of an earlier revision (in ``old_runs``) that are exactly runs
+    this one asks for: same row, grid point and seed, and a config that passes the staleness check. Its
+    central references come too when the reference is trained in the same way. Returns the number of
+    run folders copied; each keeps its own provenance (command, commit)."""
+    copied = 0
+    for method in study.methods:
+        for gi, point in enumerate(method.points()):
+            for seed in study.seeds:
+                key = run_key(method.label, gi, seed)
+                src = run_folder(old_runs, key)
+                if run_folder(runs, key) is not None or not finished(src):
+                    continue
+                if stale(src, study, key, run_overrides(method, point, seed)) is None:
+                    shutil.copytree(old_runs / key, runs / key, symlinks=True)
+                    copied += 1
+    if reference_settings(study) == reference_settings(old_study):
+        for seed in study.seeds:
+            ref = old_runs / f"regime-seed{seed}.json"
+            if ref.exists() and not (runs / ref.name).exists():
+                runs.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(ref, runs / ref.name)
+    return copied
+
+
+# --- scores ------------------------------------------------------------------------------------
+
+
+def score_on_test(study: Study, summary: dict[str, Any], when: str = "best_val") -> float:
+    """The table's metric on the test split; a method without a server model (Local) falls back to
+    the mean over its clients when the metric is the server's."""
+    part = summary[when].get(study.metric.scope) or summary[when]["clients"]
+    value = part.get(f"test_{study.metric.name}", float("nan"))
+    return value["mean"] if isinstance(value, dict) else value
+
+
+def extra_score(summary: dict[str, Any], column: str) -> float:
+    return summary["best_val"]["clients"][column]["mean"]
+
+
+def val_score(summary: dict[str, Any] | None, study: Study) -> float:
+    """Tuning always reads the clients' validation split (the test split is withheld)."""
+    return summary["best_val"]["clients"][f"val_{study.metric.name}"]["mean"] if summary else float("-inf")
+
+
+# --- a whole study -----------------------------------------------------------------------------
+
+
+@dataclass
+class Conducted:
+    """A study revision brought as far as its run folders allow: what its report is made from."""
+
+    study: Study
+    history: list[Study]  # every revision up to this one, oldest first
+    runs: Path
+    chosen: dict[str, int]
+    reference: dict[int, dict[str, Any]]
+
+
+def regime_only(study: Study) -> Study:
+    """Only the Local and FedAvg rows: check the regime before the table."""
+    keep = {study.local_row, study.fedavg_row}
+    return study.model_copy(
+        update={
+            "methods": [m for m in study.methods if m.label in keep],
+            "title": study.title + " (regime check only)",
+        }
+    )
+
+
+def conduct(
+    spec: StudyFile,
+    study_path: Path,
+    revision: str | None = LATEST,
+    runs: Path | None = None,
+    jobs: int = 2,
+    report_only: bool = False,
+    only_regime: bool = False,
+    notify: Notify = _stderr,
+) -> Conducted:
+    """Tune, run the seeds and compute the references of one revision (``report_only``: read what exists).
+
+    ``runs``: the first revision's run folders (default ``runs/repro/STUDY_NAME``); a revision's are
+    ``RUNS_REVISION`` next to it."""
+    history = spec.history(revision)
+    study = history[-1]
+    if only_regime:
+        history = [regime_only(s) for s in history]
+        study = history[-1]
+    folder = runs_dir(study_path, study.revision, runs)
+    notify(f"{study_path}, revision {study.revision or 'first'}: runs in {folder}")
+    if not report_only:
+        for earlier in reversed(history[:-1]):  # the newest copy of a run first
+            old = runs_dir(study_path, earlier.revision, runs)
+            if old.is_dir():
+                n = share_runs(study, folder, earlier, old)
+                if n:
+                    notify(f"{n} finished runs copied from {old}")
+    if report_only:
+        chosen = choose(study, folder)
+    else:
+        chosen = tune(study, folder, jobs, notify)
+        run_seeds(study, folder, chosen, jobs, notify)
+    return Conducted(study, history, folder, chosen, regime(study, folder))

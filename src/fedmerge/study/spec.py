@@ -1,0 +1,321 @@
+"""A study file: the base config, the seeds, the rows (methods) with their tuning grids, and revisions.
+
+    title: ...                  # the report's heading
+    description: ...            # the paragraph under it
+    base: configs/repro/X.yaml  # every run starts from this config
+    seeds: [0, 1, 2]            # the chosen point of every row runs on each
+    tune_seed: 0                # grid points run on this seed (default: the first seed)
+    columns: [test_ece]         # extra columns: client means at the best-validation round
+    metric: {scope: clients, name: acc}   # or scope: global (the server model), name: top5
+    regime: {scope: auto, max_epochs: 40, lrs: [...], overrides: [...]}   # the central reference
+    local_row: Local            # the rows the regime check reads (defaults shown)
+    fedavg_row: FedAvg
+    methods:
+    - label: FedAvg
+      overrides: [algorithm.name=fedavg]
+      grid: {algorithm.lr: [0.05, 0.1]}          # a product of values
+      extra_points: [{algorithm.lr: 0.3}]        # explicit points after it
+    revisions:                  # later versions of the study, each applied on top of the one before
+    - name: wide
+      title: ... (grids widened)
+      description_more: ...                      # appended to the description (or description: replaces it)
+      regime: {lrs: [0.05, 0.1]}                 # the keys it sets replace the earlier ones
+      methods:
+      - label: FedAvg                            # a row it changes, by label
+        grid: {algorithm.lr: [0.1, 0.2]}         # the fields it sets replace the earlier ones
+
+Every row must have as many grid points as every other (the equal tuning budget), and every point
+must be a valid config, in every revision: a study is refused, in one line, before anything runs.
+A revision's runs live next to the first revision's (``runs/repro/STUDY_NAME``), in
+``runs/repro/STUDY_NAME_REVISION``: the folders its ``STUDY_REVISION.yaml`` copy used to have.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from fedmerge.config.schema import DEFAULT_CONFIG, ConfigError, apply_overrides, merge, read_yaml, validate
+from fedmerge.config.schema_docs import did_you_mean
+
+REFERENCE_MAX_EPOCHS = 40  # a study's regime.max_epochs when it sets none
+DEFAULT_RUNS = Path("runs/repro")
+LATEST, FIRST = "latest", "first"  # what --revision takes besides a revision's name
+RESERVED = {LATEST, FIRST}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Row(_Strict):
+    """One method of the table: fixed overrides and the points it is tuned over."""
+
+    label: str = Field(min_length=1)
+    overrides: list[str] = []
+    grid: dict[str, list[Any]] = {}
+    extra_points: list[dict[str, Any]] = []
+
+    def points(self) -> list[dict[str, Any]]:
+        """The row's tuning points: the product of its ``grid``, then its ``extra_points`` in order.
+
+        Extra points tune a knob coordinate-wise (at the learning rate a narrower grid chose) without the
+        cost of a full product; listed last, they leave the grid's points (and their run folders) where
+        they were, so a revision that adds them reuses the earlier runs."""
+        keys = list(self.grid)
+        product = [dict(zip(keys, values)) for values in itertools.product(*(self.grid[k] for k in keys))]
+        return product + [dict(p) for p in self.extra_points]
+
+
+class RowChange(_Strict):
+    """A revision's change to one row, by label: the fields it sets replace the row's."""
+
+    label: str
+    overrides: list[str] | None = None
+    grid: dict[str, list[Any]] | None = None
+    extra_points: list[dict[str, Any]] | None = None
+
+
+class Regime(_Strict):
+    """How the central reference trains: ``scope`` (per group, all clients, or auto), at most
+    ``max_epochs`` epochs, at the learning rates ``lrs`` (default: the Local row's grid)."""
+
+    scope: Literal["auto", "group", "all"] = "auto"
+    max_epochs: int = Field(REFERENCE_MAX_EPOCHS, ge=1)
+    lrs: list[float] | None = None
+    overrides: list[str] = []
+
+
+class Metric(_Strict):
+    """The table's metric: the clients' mean (``clients``) or the server model on the pooled test split
+    (``global``; a method without one falls back to the clients' mean); top-1 (``acc``) or ``top5``."""
+
+    scope: Literal["clients", "global"] = "clients"
+    name: Literal["acc", "top5"] = "acc"
+
+
+class _Fields(_Strict):
+    title: str
+    description: str = ""
+    base: str
+    seeds: list[int] = Field(min_length=1)
+    tune_seed: int | None = None
+    columns: list[str] = []
+    metric: Metric = Metric()
+    regime: Regime = Regime()
+    local_row: str = "Local"
+    fedavg_row: str = "FedAvg"
+    methods: list[Row] = Field(min_length=1)
+
+
+class Study(_Fields):
+    """One revision of a study, resolved: what its runs and its report are made from."""
+
+    revision: str | None = None  # None: the study as first written
+
+    @property
+    def tuning_seed(self) -> int:
+        return self.seeds[0] if self.tune_seed is None else self.tune_seed
+
+    def row(self, label: str) -> Row | None:
+        return next((m for m in self.methods if m.label == label), None)
+
+    def local_lrs(self) -> list[Any] | None:
+        """The reference is tuned over the Local row's learning-rate grid (the same budget)."""
+        local = self.row(self.local_row)
+        return None if local is None else local.grid.get("algorithm.lr")
+
+    def reference_lrs(self) -> list[Any] | None:
+        return self.regime.lrs if self.regime.lrs is not None else self.local_lrs()
+
+
+class Revision(_Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]*$")  # its runs' folder ends in _NAME
+    title: str | None = None
+    description: str | None = None
+    description_more: str | None = None  # appended to the description, after a space
+    regime: Regime | None = None
+    methods: list[RowChange] = []
+
+
+class StudyFile(_Fields):
+    """What a study file holds: the study as first written and its revisions, oldest first."""
+
+    revisions: list[Revision] = []
+
+    @field_validator("revisions")
+    @classmethod
+    def _names(cls, revisions: list[Revision]) -> list[Revision]:
+        names = [r.name for r in revisions]
+        if len(set(names)) < len(names):
+            raise ValueError(f"revision names {names} repeat")
+        if set(names) & RESERVED:
+            raise ValueError(f"{sorted(set(names) & RESERVED)[0]!r} names no revision (it means one: --revision)")
+        return revisions
+
+    def revision_names(self) -> list[str | None]:
+        return [None, *(r.name for r in self.revisions)]
+
+    def history(self, revision: str | None = LATEST) -> list[Study]:
+        """Every revision up to ``revision`` (LATEST: the last one; FIRST or None: the study as first
+        written), resolved."""
+        names = self.revision_names()
+        revision = names[-1] if revision == LATEST else None if revision == FIRST else revision
+        if revision not in names:
+            have = ", ".join(n for n in names if n) or "none"
+            raise ConfigError(f"no revision {revision!r} in this study (its revisions: {have})")
+        study = Study(**self.model_dump(exclude={"revisions"}))
+        out = [study]
+        for rev in self.revisions[: names.index(revision)]:
+            study = _apply(study, rev)
+            out.append(study)
+        return out
+
+    def at(self, revision: str | None = LATEST) -> Study:
+        return self.history(revision)[-1]
+
+
+def _apply(study: Study, rev: Revision) -> Study:
+    rows = {m.label: m for m in study.methods}
+    for change in rev.methods:
+        if change.label not in rows:
+            raise ConfigError(f"revision {rev.name!r} changes row {change.label!r}; the rows are {list(rows)}")
+        update = change.model_dump(exclude={"label"}, exclude_unset=True)
+        rows[change.label] = Row(**{**rows[change.label].model_dump(), **update})
+    changed: dict[str, Any] = {"revision": rev.name, "methods": list(rows.values())}
+    for key in ("title", "description"):
+        if getattr(rev, key) is not None:
+            changed[key] = getattr(rev, key)
+    if rev.description_more is not None:
+        before = changed.get("description", study.description).strip()
+        changed["description"] = f"{before} {rev.description_more.strip()}"
+    if rev.regime is not None:
+        changed["regime"] = Regime(**{**study.regime.model_dump(), **rev.regime.model_dump(exclude_unset=True)})
+    return study.model_copy(update=changed)
+
+
+# --- names -------------------------------------------------------------------------------------
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower().replace("+", " plus ")).strip("-")
+
+
+def run_key(label: str, point: int, seed: int) -> str:
+    """The folder of one row's grid point on one seed."""
+    return f"{slug(label)}-g{point}-s{seed}"
+
+
+def run_overrides(row: Row, point: dict[str, Any], seed: int) -> list[str]:
+    return [*row.overrides, *(f"{k}={v}" for k, v in point.items()), f"seed={seed}"]
+
+
+def runs_dir(study_path: Path, revision: str | None, runs: Path | None = None) -> Path:
+    """Where a revision's runs are: ``runs`` (default ``runs/repro/STUDY_NAME``) for the study as first
+    written, ``..._REVISION`` next to it for a revision."""
+    first = runs if runs is not None else DEFAULT_RUNS / study_path.stem
+    return first if revision is None else first.with_name(f"{first.name}_{revision}")
+
+
+# --- loading -----------------------------------------------------------------------------------
+
+
+def resolve_path(path: Path) -> tuple[Path, str | None]:
+    """``STUDY.yaml``, or a former copy's name ``STUDY_REVISION.yaml`` (now a revision inside ``STUDY.yaml``):
+    the file to read and the revision it names (None: the caller's choice)."""
+    if path.exists():
+        return path, None
+    stem = path.stem
+    for i in range(len(stem) - 1, 0, -1):
+        if stem[i] != "_":
+            continue
+        parent = path.with_name(stem[:i] + path.suffix)
+        if parent.is_file():
+            revision = stem[i + 1 :]
+            names = read_yaml(parent, "study file").get("revisions") or []
+            if any(isinstance(r, dict) and r.get("name") == revision for r in names):
+                return parent, revision
+    return path, None
+
+
+def load_study_file(path: Path) -> StudyFile:
+    """The study file, validated: known keys only, equal budgets and valid configs in every revision."""
+    data = read_yaml(path, "study file")
+    try:
+        spec = StudyFile.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(f"{path}: {_one_line(exc)}") from None
+    try:
+        for study in spec.history(LATEST):
+            check(study)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    return spec
+
+
+def load_study(path: Path, revision: str | None = LATEST) -> Study:
+    return load_study_file(path).at(revision)
+
+
+def check(study: Study) -> None:
+    """Refuse a study whose rows would share run folders, whose budgets differ, or one of whose grid
+    points the config refuses (Ditto's lr x lam >= 2, say): found before anything runs."""
+    where = f"revision {study.revision!r}: " if study.revision else ""
+    labels = [m.label for m in study.methods]
+    if len({slug(label) for label in labels}) < len(labels):
+        raise ConfigError(f"{where}row labels {labels} collide as folder names")
+    sizes = {m.label: len(m.points()) for m in study.methods}
+    if len(set(sizes.values())) > 1:
+        raise ConfigError(f"{where}unequal tuning budgets {sizes}; give every method the same number of grid points")
+    try:
+        base = merge(DEFAULT_CONFIG, read_yaml(Path(study.base)))  # as load_config(study.base, ...), read once
+    except ConfigError as exc:
+        raise ConfigError(f"base: {exc} (a path relative to the working folder)") from None
+    for m in study.methods:
+        for point in m.points():
+            try:
+                validate(apply_overrides(copy.deepcopy(base), run_overrides(m, point, study.tuning_seed)))
+            except ConfigError as exc:
+                first = str(exc).strip().splitlines()[0]
+                raise ConfigError(f"{where}row {m.label!r}, grid point {point}: {first}") from None
+
+
+def _one_line(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    loc = ".".join(str(p) for p in err["loc"]) or "study"
+    msg = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "extra_forbidden":
+        key, parent = str(err["loc"][-1]), _model_at(err["loc"][:-1])
+        valid = list(parent.model_fields) if parent else []
+        msg = "unknown key" + (did_you_mean(key, valid) or (f"; valid keys: {', '.join(valid)}" if valid else ""))
+    elif err["type"] == "missing" and len(err["loc"]) == 1:
+        msg = "missing; a study file has at least title, base, seeds and methods"
+    elif "input" in err and not isinstance(err["input"], dict | list):
+        msg = f"{msg} (got {err['input']!r})"
+    return f"{loc}: {msg}"
+
+
+def _model_at(loc: tuple) -> type[BaseModel] | None:
+    """The model of the section a validation error's location points into (list indices skipped)."""
+    model: type[BaseModel] | None = StudyFile
+    for item in loc:
+        if isinstance(item, int) or model is None:
+            continue
+        field = model.model_fields.get(str(item))
+        model = _inner_model(field.annotation) if field is not None else None
+    return model
+
+
+def _inner_model(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()):
+        found = _inner_model(arg)
+        if found is not None:
+            return found
+    return None
