@@ -237,3 +237,33 @@ def test_the_walk_through_dataset_and_model_run(tmp_path, monkeypatch):
     fedmerge("run", *args, "rounds=1", "partition.num_clients=3", "--out", str(tmp_path / "run"), "--no-progress")
     saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
     assert saved["dataset"]["name"] == "blobs" and saved["model"] == {"name": "tanh_net", "hidden": 16}
+
+
+@pytest.mark.slow
+def test_plugin_method_in_a_study(plugin_config, tmp_path):
+    """A study row naming the plugin's method: its runs are `fedmerge run` processes that load the
+    plugin from the saved key, and the report has the row."""
+    base = yaml.safe_load(plugin_config.read_text()) | {"rounds": 1, "threads": 1, "name": "plugin-study"}
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump(base))
+    study = {
+        "title": "A plugin row",
+        "description": "Local and FedAvg for the regime check, and the plugin's method.",
+        "base": str(tmp_path / "base.yaml"),
+        "seeds": [0],
+        "tune_seed": 0,
+        "regime": {"scope": "auto", "max_epochs": 1},
+        "methods": [
+            {"label": "Local", "overrides": ["algorithm.name=local"], "grid": {"algorithm.lr": [0.1]}},
+            {"label": "FedAvg", "overrides": ["algorithm.name=fedavg"], "grid": {"algorithm.lr": [0.1]}},
+            {"label": "Server step", "overrides": [f"algorithm.name={METHOD}"], "grid": {"algorithm.server_lr": [2.0]}},
+        ],
+    }
+    (tmp_path / "plugin_study.yaml").write_text(yaml.safe_dump(study, sort_keys=False))
+    runs, report = tmp_path / "runs", tmp_path / "report.md"
+    args = ["study", str(tmp_path / "plugin_study.yaml"), "--runs", str(runs), "--out", str(report), "--jobs", "1"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    saved = [yaml.safe_load(p.read_text()) for p in runs.rglob("config.yaml")]
+    ours = [c for c in saved if c["algorithm"]["name"] == METHOD]
+    assert ours and all(c["plugins"] == [MODULE] and c["algorithm"]["server_lr"] == 2.0 for c in ours)
+    assert "| Server step | server_lr=2.0 |" in report.read_text()
