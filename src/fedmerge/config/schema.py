@@ -89,6 +89,20 @@ class StateSettings(BaseModel):
     cache_size: int = Field(256, ge=0, description="client states kept decoded in memory (least recently used go)")
 
 
+class UnseenSettings(BaseModel):
+    """``unseen:`` section: how clients that never trained (``split.unseen_clients``) are onboarded.
+
+    At every evaluation round each such client receives what the method sends a newcomer, builds its model
+    from it and its own training split by the method's rule (README, "Clients that never trained") and is
+    tested on its test split; its metrics are logged as ``eval_unseen`` and never select a round."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    adapt_epochs: int = Field(
+        0, ge=0, description="epochs of adaptation on the newcomer's training split (0: the method's model as sent)"
+    )
+
+
 class RunSettings(BaseModel):
     """Fields that are not components: the schedule, engine and outputs."""
 
@@ -117,6 +131,10 @@ class RunSettings(BaseModel):
     )
     # None: defaults; omitted from config.yaml so that existing run folders stay unchanged
     log: LogSettings | None = Field(None, description="extra outputs (fedmerge list log)")
+    # None: defaults (no adaptation); omitted from config.yaml so that existing run folders stay unchanged
+    unseen: UnseenSettings | None = Field(
+        None, description="onboarding of the clients that never train, split.unseen_clients (fedmerge list unseen)"
+    )
     # None: no differential privacy; omitted from config.yaml so that existing run folders stay unchanged
     privacy: PrivacySettings | None = Field(None, description="differential privacy (fedmerge list privacy)")
     device: str = Field("cpu", pattern=r"^(cpu|cuda(:\d+)?|mps|auto)$", description="cpu, cuda, cuda:N, mps or auto")
@@ -405,6 +423,7 @@ def defaults_left_out(cfg: BaseModel) -> set[str]:
     left_out = {"eval_clients"} if getattr(cfg, "eval_clients", "all") == "all" else set()
     left_out |= {"vectorize"} if not getattr(cfg, "vectorize", False) else set()
     left_out |= {"privacy"} if getattr(cfg, "privacy", None) is None else set()
+    left_out |= {"unseen"} if getattr(cfg, "unseen", None) is None else set()
     return left_out | ({"keep_freed_memory"} if getattr(cfg, "keep_freed_memory", True) else set())
 
 

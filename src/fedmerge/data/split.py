@@ -3,7 +3,15 @@
 from __future__ import annotations
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializationInfo,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+    model_validator,
+)
 
 
 class SplitConfig(BaseModel):
@@ -11,12 +19,29 @@ class SplitConfig(BaseModel):
 
     val_fraction: float = Field(0.1, ge=0, lt=1)
     test_fraction: float = Field(0.2, gt=0, lt=1)
+    unseen_clients: float = Field(
+        0,
+        ge=0,
+        description="clients that never train (drawn from the seed, the same for every method): a fraction (< 1) "
+        "or a count; each is onboarded after training on its train and val splits and tested on its test split "
+        "(unseen: section); 0 = none",
+    )
 
     @model_validator(mode="after")
     def _leaves_training_data(self) -> SplitConfig:
         if self.val_fraction + self.test_fraction >= 1:
             raise ValueError("val_fraction + test_fraction must be below 1 (something must remain for training)")
+        if self.unseen_clients >= 1 and self.unseen_clients != int(self.unseen_clients):
+            raise ValueError("unseen_clients must be a fraction below 1 or a whole count")
         return self
+
+    @model_serializer(mode="wrap")
+    def _without_default_unseen(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> dict:
+        # left out at 0 so that config.yaml and the config digest of older run folders stay unchanged
+        out = handler(self)
+        if self.unseen_clients == 0:
+            out.pop("unseen_clients", None)
+        return out
 
 
 def half_up(x: float) -> int:
