@@ -328,3 +328,28 @@ def test_config_yaml_of_a_run_without_newcomers_is_unchanged(tmp_path):
 
     text = to_yaml(cfg)
     assert "unseen" not in text
+
+
+def test_comparison_tables_show_unseen_accuracy_and_gap_only_where_present():
+    from fedmerge.report.compare import COLUMNS, UNSEEN_COLUMNS, columns, compare, to_markdown
+    from fedmerge.run.results import DONE, RunRecord
+
+    def record(method, setting, seed, acc, unseen_acc=None):
+        stat = {"mean": acc, "weighted_mean": acc, "std": 0.0, "worst10": acc}
+        best = {"round": 1, "clients": {"test_acc": stat}}
+        if unseen_acc is not None:
+            best["unseen"] = {"test_acc": {**stat, "mean": unseen_acc}}
+            best["participation_gap"] = {"test_acc": acc - unseen_acc}
+        return RunRecord(f"{method}-{setting}-{seed}", method, setting, seed, DONE, summary={"best_val": best})
+
+    tables = compare(
+        [record("fedavg", "new", s, 0.8, 0.7 - 0.1 * s) for s in (0, 1)]
+        + [record("fedavg", "plain", 0, 0.8), record("ifca", "plain", 0, 0.6)]
+    )
+    by_setting = {t.setting: t for t in tables}
+    assert columns(by_setting["plain"]) == COLUMNS
+    assert columns(by_setting["new"]) == COLUMNS + UNSEEN_COLUMNS
+    (row,) = by_setting["new"].rows
+    assert row.unseen.mean == pytest.approx(0.65) and row.gap.mean == pytest.approx(0.15)
+    text = to_markdown(tables)
+    assert "| fedavg | 2 | 80.00 ± 0.00 |" in text and "| 65.00 ± 7.07 | 15.00 ± 7.07 |" in text
