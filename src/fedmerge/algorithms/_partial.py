@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from fedmerge.core.algorithm import Algorithm, ClientContext, ClientDataLike, StateDict
+from fedmerge.core.algorithm import Algorithm, ClientContext, ClientDataLike, StateDict, adapt_epochs, with_epochs
 from fedmerge.core.training import TrainStats, local_sgd
 from fedmerge.core.types import ClientState, Payload, ServerState, Update
 
@@ -86,3 +86,21 @@ class PartialSharingAlgorithm(Algorithm):
 
     def personalize(self, payload: Payload, data: ClientDataLike, state: ClientState, ctx: ClientContext) -> StateDict:
         return {**payload.tensors, **state.tensors}
+
+    # --- a newcomer: its personal part (the common initialisation) trained on the frozen shared part ------------
+    def configure_onboard(self, state: ServerState, rnd: int, cids: list[int]) -> dict[int, Payload]:
+        return self.configure(state, rnd, cids)
+
+    def onboard(self, payload: Payload, data: ClientDataLike, ctx: ClientContext) -> StateDict:
+        """The shared part as received with the newcomer's personal part after ``adapt_epochs`` epochs of local
+        SGD on it alone (with no budget: the common initialisation, so FedPer/FedRep's head is untrained). The
+        shared part's BatchNorm statistics are the received ones too: nothing of it changes."""
+        personal = self.init_client_state(ctx.cid).tensors
+        epochs = adapt_epochs(payload)
+        if epochs == 0:
+            return {**payload.tensors, **personal}
+        load_weights(ctx, {**payload.tensors, **personal})
+        names = {n for n, _ in ctx.model.named_parameters() if not self.is_shared(n)}
+        with trainable_only(ctx.model, names):
+            local_sgd(ctx.model, data.x_train, data.y_train, with_epochs(self.config, epochs), ctx.generator("onboard"))
+        return {**payload.tensors, **self.personal(model_weights(ctx))}

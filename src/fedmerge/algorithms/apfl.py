@@ -46,7 +46,7 @@ from fedmerge.core.training import Step, local_sgd
 from fedmerge.core.types import ClientState, Payload, Update
 
 from ._personal import GapProbe, SecondModel, interpolate, lambda_grid, lambda_key
-from .base import GlobalModelAlgorithm, load_weights, model_weights
+from .base import GlobalModelAlgorithm, adapted_state, load_weights, model_weights
 
 
 class APFLConfig(AlgorithmConfig):
@@ -139,6 +139,18 @@ class APFL(GlobalModelAlgorithm):
                 }
             )
         return out
+
+    def onboard_variants(
+        self, payload: Payload, data: ClientDataLike, ctx: ClientContext
+    ) -> dict[str, StateDict | Predictor]:
+        """A newcomer's v starts from the global model with alpha at its initial value and follows APFL's
+        client step (the mixture objective, alpha adapted if configured) for the adaptation budget; with no
+        budget v = w, so every mixture is the global model."""
+        start = ClientState({k: t.detach().clone() for k, t in payload.tensors.items()}, {"alpha": self.config.alpha})
+        return self.personalize_variants(payload, data, adapted_state(self, payload, data, start, ctx), ctx)
+
+    def onboard(self, payload: Payload, data: ClientDataLike, ctx: ClientContext) -> StateDict | Predictor:
+        return self.onboard_variants(payload, data, ctx)[""]
 
     def personalize(self, payload: Payload, data: ClientDataLike, state: ClientState, ctx: ClientContext) -> StateDict:
         """One set of weights (the parameter mixture), for callers that need a plain model."""

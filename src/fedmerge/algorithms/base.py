@@ -6,7 +6,16 @@ from typing import Any, ClassVar
 
 import torch
 
-from fedmerge.core.algorithm import Algorithm, ClientContext, ClientDataLike, PlainSGD, StateDict
+from fedmerge.core.algorithm import (
+    Algorithm,
+    ClientContext,
+    ClientDataLike,
+    PlainSGD,
+    Predictor,
+    StateDict,
+    adapt_epochs,
+    with_epochs,
+)
 from fedmerge.core.model_state import copy_state, load_state
 from fedmerge.core.params import weighted_average
 from fedmerge.core.seeding import NO_ROUND, torch_generator
@@ -75,6 +84,29 @@ def train_received(
     }
 
 
+def fine_tuned(
+    weights: StateDict, data: ClientDataLike, cfg: LocalTraining, ctx: ClientContext, epochs: int
+) -> StateDict:
+    """``weights`` after ``epochs`` epochs of plain local SGD on the client's training split (the method's
+    step size, batch size, momentum and weight decay); ``weights`` themselves when ``epochs`` is 0."""
+    if epochs == 0:
+        return weights
+    load_weights(ctx, weights)
+    local_sgd(ctx.model, data.x_train, data.y_train, with_epochs(cfg, epochs), ctx.generator("onboard"))
+    return model_weights(ctx)
+
+
+def adapted_state(
+    algorithm: Algorithm, payload: Payload, data: ClientDataLike, state: ClientState, ctx: ClientContext
+) -> ClientState:
+    """A newcomer's client state after ``adapt_epochs(payload)`` epochs of the method's own client update,
+    started from ``state`` (the update it would send is dropped: a newcomer sends nothing)."""
+    epochs = adapt_epochs(payload)
+    if epochs == 0:
+        return state
+    return algorithm.adapted(epochs).client_update(payload, data, state, ctx)[1]
+
+
 class GlobalModelAlgorithm(Algorithm):
     """FedAvg's server: broadcast the global weights, average the returned weights by n_i.
 
@@ -111,6 +143,15 @@ class GlobalModelAlgorithm(Algorithm):
 
     def plain_sgd(self, payload: Payload, state: ClientState) -> PlainSGD:
         return PlainSGD(payload.tensors)
+
+    # a newcomer gets the global model, fine-tuned for its adaptation budget
+    def configure_onboard(self, state: ServerState, rnd: int, cids: list[int]) -> dict[int, Payload]:
+        weights = self.global_model(state)
+        assert weights is not None, f"{self.name} has a global model"
+        return {cid: Payload(weights, {"round": rnd}) for cid in cids}
+
+    def onboard(self, payload: Payload, data: ClientDataLike, ctx: ClientContext) -> StateDict | Predictor:
+        return fine_tuned(payload.tensors, data, self.config, ctx, adapt_epochs(payload))
 
     def plain_sgd_result(
         self, payload: Payload, state: ClientState, trained: StateDict, meta: dict[str, Any]

@@ -30,7 +30,7 @@ from fedmerge.core.training import Step, local_sgd
 from fedmerge.core.types import ClientState, Payload, ServerState, Update
 
 from ._personal import GapProbe, SecondModel, Weighting, average_updates, half_sq_dist
-from .base import GlobalModelAlgorithm, load_weights, model_weights
+from .base import GlobalModelAlgorithm, adapted_state, load_weights, model_weights
 
 
 class DittoConfig(AlgorithmConfig):
@@ -99,3 +99,9 @@ class Ditto(GlobalModelAlgorithm):
 
     def personalize(self, payload: Payload, data: ClientDataLike, state: ClientState, ctx: ClientContext) -> StateDict:
         return state.tensors
+
+    def onboard(self, payload: Payload, data: ClientDataLike, ctx: ClientContext) -> StateDict:
+        """A newcomer's v starts from the global model and follows Ditto's personal objective (the pull to
+        the global model included) for the adaptation budget; with no budget it is the global model."""
+        start = ClientState({k: v.detach().clone() for k, v in payload.tensors.items()})
+        return adapted_state(self, payload, data, start, ctx).tensors

@@ -10,11 +10,11 @@ from typing import Literal
 
 from pydantic import Field
 
-from fedmerge.core.algorithm import ALGORITHMS, AlgorithmConfig, ClientContext, ClientDataLike, StateDict
+from fedmerge.core.algorithm import ALGORITHMS, AlgorithmConfig, ClientContext, ClientDataLike, StateDict, adapt_epochs
 from fedmerge.core.training import LocalTraining, local_sgd
 from fedmerge.core.types import ClientState, Payload
 
-from .base import GlobalModelAlgorithm, load_weights, model_weights
+from .base import GlobalModelAlgorithm, fine_tuned, load_weights, model_weights
 
 
 class FedAvgFTConfig(AlgorithmConfig):
@@ -48,3 +48,8 @@ class FedAvgFT(GlobalModelAlgorithm):
         )
         local_sgd(ctx.model, data.x_train, data.y_train, ft, ctx.generator("finetune"))
         return model_weights(ctx)
+
+    def onboard(self, payload: Payload, data: ClientDataLike, ctx: ClientContext) -> StateDict:
+        """The global model fine-tuned as participants fine-tune it (``finetune_lr``), for the newcomer's budget."""
+        cfg = self.config.model_copy(update={"lr": self.config.finetune_lr or self.config.lr})
+        return fine_tuned(payload.tensors, data, cfg, ctx, adapt_epochs(payload))

@@ -49,6 +49,7 @@ from fedmerge.core.algorithm import (
     ClientRows,
     Predictor,
     StateDict,
+    adapt_epochs,
 )
 from fedmerge.core.params import clone_state, weighted_average
 from fedmerge.core.training import LocalTraining, TrainStats, local_sgd
@@ -240,3 +241,31 @@ class FedEM(Algorithm):
             "": lambda x: self.predict(payload, state, ctx, x),
             "dominant": self.personalize(payload, data, state, ctx),
         }
+
+    # --- a newcomer: mixture weights by EM on its own data, the M components frozen (the paper's rule for
+    # clients unseen at training time: only pi is learned) ---------------------------------------------------
+    def configure_onboard(self, state: ServerState, rnd: int, cids: list[int]) -> dict[int, Payload]:
+        return self.configure(state, rnd, cids)
+
+    def newcomer_pi(self, payload: Payload, data: ClientDataLike, ctx: ClientContext) -> torch.Tensor:
+        """pi after ``adapt_epochs`` EM iterations on the training split (E-step, then pi = mean q), from the
+        uniform pi a participant starts with; each iteration is one pass over the data, the models frozen."""
+        pi = self.pi(ClientState()).to(ctx.device)
+        epochs, m_count = adapt_epochs(payload), self.config.num_components
+        if epochs == 0 or m_count == 1 or data.y_train.numel() == 0:
+            return pi
+        logits = model_logits(ctx.model, self._models(payload.tensors), data.x_train)
+        losses = F.cross_entropy(logits.flatten(0, 1), data.y_train.repeat(m_count), reduction="none")
+        for _ in range(epochs):
+            _, pi = e_step(losses.view(m_count, -1), pi)
+        return pi
+
+    def onboard_variants(
+        self, payload: Payload, data: ClientDataLike, ctx: ClientContext
+    ) -> dict[str, StateDict | Predictor]:
+        pi = self.newcomer_pi(payload, data, ctx)
+        state = ClientState({PI: pi.cpu()} if self.config.num_components > 1 else {})
+        return self.personalize_variants(payload, data, state, ctx)
+
+    def onboard(self, payload: Payload, data: ClientDataLike, ctx: ClientContext) -> StateDict | Predictor:
+        return self.onboard_variants(payload, data, ctx)[""]

@@ -25,6 +25,7 @@ from fedmerge.core.algorithm import (
     ModelFactory,
     Predictor,
     StateDict,
+    adapt_epochs,
 )
 from fedmerge.core.params import weighted_average
 from fedmerge.core.training import local_sgd
@@ -135,3 +136,36 @@ class FedLoRA(Algorithm):
             return torch.func.functional_call(model, weights, (x,), {"personal": personal})
 
         return {"": predict}
+
+    # --- a newcomer: its personal adapter and head trained on the frozen shared adapter (the paper's first phase)
+    def configure_onboard(self, state: ServerState, rnd: int, cids: list[int]) -> dict[int, Payload]:
+        return self.configure(state, rnd, cids)
+
+    def onboard_variants(
+        self, payload: Payload, data: ClientDataLike, ctx: ClientContext
+    ) -> dict[str, StateDict | Predictor]:
+        """The personal adapter (a no-op at first) and the common initial head, trained for ``adapt_epochs``
+        epochs with the shared adapter frozen, as FedLoRA's personal phase; evaluated as participants are."""
+        state = self.init_client_state(ctx.cid)
+        epochs = adapt_epochs(payload)
+        if epochs > 0:
+            personal_state, head = self._split(state)
+            model = ctx.model
+            model.load_state_dict({**payload.tensors, **head}, strict=True)
+            personal = leaves(personal_state, self.shared_keys, ctx.device)
+
+            def forward(x: torch.Tensor) -> torch.Tensor:
+                return model(x, personal=personal)
+
+            cfg = self.config.model_copy(update={"local_epochs": epochs, "local_steps": None})
+            local_sgd(
+                model, data.x_train, data.y_train, cfg, ctx.generator("onboard"),
+                params=[*personal.values(), *model.classifier.parameters()], forward=forward,
+            )  # fmt: skip
+            weights = model.state_dict()
+            new_head = {k: weights[k].detach().clone() for k in head}
+            state = ClientState({**{f"personal.{k}": v for k, v in detached(personal).items()}, **new_head})
+        return self.personalize_variants(payload, data, state, ctx)
+
+    def onboard(self, payload: Payload, data: ClientDataLike, ctx: ClientContext) -> StateDict | Predictor:
+        return self.onboard_variants(payload, data, ctx)[""]

@@ -71,7 +71,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
-from pydantic import Field, ValidationInfo, model_validator
+from pydantic import Field, SerializerFunctionWrapHandler, ValidationInfo, model_serializer, model_validator
 from torch import nn
 
 from fedmerge.core.algorithm import (
@@ -82,15 +82,18 @@ from fedmerge.core.algorithm import (
     ClientDataLike,
     ModelFactory,
     PlainSGD,
+    Predictor,
     StateDict,
+    adapt_epochs,
     keys_set_by_user,
+    with_epochs,
 )
 from fedmerge.core.seeding import NO_ROUND, torch_generator
-from fedmerge.core.training import ExtraLoss
+from fedmerge.core.training import ExtraLoss, local_sgd
 from fedmerge.core.types import ClientState, Payload, ServerState, Update
 
 from . import merging
-from .base import train_received
+from .base import fine_tuned, train_received
 from .fedprox import proximal_term
 
 
@@ -136,6 +139,12 @@ class FedMergeConfig(AlgorithmConfig):
         description="fixed_magnitude: increment of each grid step (reference: 0.01, logit_lr is then only the stop "
         "threshold); default: equal to logit_lr",
     )
+    onboard_lr: float = Field(
+        1.0,
+        gt=0,
+        description="clients that never trained: SGD step size of the merge logits a newcomer fits on its own data "
+        "(split.unseen_clients)",
+    )
     preset: Literal["paper", "reference"] | None = Field(
         None,
         description="fill the server-step options with the paper's forms or the reference code's exact behaviour "
@@ -163,6 +172,14 @@ class FedMergeConfig(AlgorithmConfig):
         for key, value in PRESET_CLIENT.get(preset, {}).items():
             if key not in written:  # a value the user wrote wins; a built-in default does not
                 out[key] = value
+        return out
+
+    @model_serializer(mode="wrap")
+    def _without_default_onboard_lr(self, handler: SerializerFunctionWrapHandler) -> dict:
+        # left out at its default so that config.yaml and the config digest of older run folders stay unchanged
+        out = handler(self)
+        if self.onboard_lr == 1.0:
+            out.pop("onboard_lr", None)
         return out
 
     @model_validator(mode="after")
@@ -447,6 +464,68 @@ class FedMerge(Algorithm):
         self, payload: Payload, state: ClientState, trained: StateDict, meta: dict[str, Any]
     ) -> tuple[Update, ClientState]:
         return Update({k: trained[k] - v for k, v in payload.tensors.items()}, meta), state
+
+    # --- a newcomer: its own merge logits fitted on its data, the d global models frozen ----------------------
+    def configure_onboard(self, state: ServerState, rnd: int, cids: list[int]) -> dict[int, Payload]:
+        """The d global models (d models down, as IFCA's k): the newcomer fits its own merge."""
+        tensors = {"theta": state.tensors["theta"], "counters": state.tensors["counters"]}
+        return {cid: Payload(tensors, {"round": rnd}) for cid in sorted(cids)}
+
+    def newcomer_logits(self, payload: Payload, data: ClientDataLike, ctx: ClientContext) -> torch.Tensor:
+        """The newcomer's merge logits a (d,): a participant's start (zeros: uniform weights; ``fixed``: its
+        seeded ``fixed_k`` models, which stay fixed), then ``adapt_epochs`` epochs of minibatch SGD
+        (``onboard_lr``, no momentum) on the task loss of ``softmax(a) @ Theta`` with Theta frozen. This is
+        gradient descent on the logits (autograd through the merge), not the paper's server-side step, which
+        moves a participant's logits by ``logit_lr`` per round and would leave a newcomer near uniform."""
+        cfg, lay = self.config, self.layout
+        theta = payload.tensors["theta"].to(ctx.device)
+        logits = torch.zeros(cfg.num_models, dtype=torch.float64, device=ctx.device)
+        if cfg.merge_weights == "fixed":
+            gen = torch_generator(self.seed, NO_ROUND, ctx.cid, "fedmerge/fixed-models")
+            logits[:] = float("-inf")
+            logits[torch.randperm(cfg.num_models, generator=gen)[: cfg.fixed_k].to(ctx.device)] = 0.0
+        epochs = adapt_epochs(payload)
+        if epochs == 0 or cfg.merge_weights == "fixed" or cfg.num_models == 1:
+            return logits
+        a = logits.clone().requires_grad_(True)
+        names = [n for n, p in ctx.model.named_parameters() if p.requires_grad]
+        # buffers (BatchNorm statistics) at the start's merge: training mode normalises by batch statistics
+        start = lay.state_dict(
+            merging.merge(merging.merge_weights(logits[None]), theta)[0], self._ints(payload, logits)
+        )
+        buffers = {k: v.clone() for k, v in start.items() if k not in set(names)}
+        offsets = {key: (off, shape) for key, shape, off in lay.floats}
+
+        def forward(x: torch.Tensor) -> torch.Tensor:
+            row = merging.merge(merging.merge_weights(a[None]), theta)[0]
+            params = {k: row[offsets[k][0] : offsets[k][0] + offsets[k][1].numel()].view(offsets[k][1]) for k in names}
+            return torch.func.functional_call(ctx.model, {**params, **buffers}, (x,))
+
+        step = with_epochs(cfg, epochs).model_copy(update={"lr": cfg.onboard_lr, "momentum": 0.0, "weight_decay": 0.0})
+        local_sgd(ctx.model, data.x_train, data.y_train, step, ctx.generator("onboard/logits"), params=[a],
+                  forward=forward)  # fmt: skip
+        return a.detach()
+
+    def _ints(self, payload: Payload, logits: torch.Tensor) -> torch.Tensor:
+        w = merging.merge_weights(logits[None])
+        return torch.round(w @ payload.tensors["counters"].to(w.device).double()).to(torch.int64)[0]
+
+    def onboard_variants(
+        self, payload: Payload, data: ClientDataLike, ctx: ClientContext
+    ) -> dict[str, StateDict | Predictor]:
+        """``""``: the merge with the fitted logits, then fine-tuned for ``adapt_epochs`` epochs (plain local
+        SGD, as a global model is fine-tuned); ``merge_only``: that merge without fine-tuning."""
+        logits = self.newcomer_logits(payload, data, ctx)
+        theta = payload.tensors["theta"].to(ctx.device)
+        row = merging.merge(merging.merge_weights(logits[None]), theta)[0]
+        merged = {k: v.clone() for k, v in self.layout.state_dict(row, self._ints(payload, logits)).items()}
+        epochs = adapt_epochs(payload)
+        if epochs == 0:
+            return {"": merged}
+        return {"": fine_tuned(merged, data, self.config, ctx, epochs), "merge_only": merged}
+
+    def onboard(self, payload: Payload, data: ClientDataLike, ctx: ClientContext) -> StateDict | Predictor:
+        return self.onboard_variants(payload, data, ctx)[""]
 
 
 def _columns(x: torch.Tensor, cols: slice | torch.Tensor) -> torch.Tensor:

@@ -36,6 +36,7 @@ from fedmerge.core.algorithm import (
     ClientContext,
     ClientDataLike,
     StateDict,
+    adapt_epochs,
 )
 from fedmerge.core.merge import weighted_merge
 from fedmerge.core.params import weighted_average
@@ -159,3 +160,16 @@ class FedProto(Algorithm):
 
     def personalize(self, payload: Payload, data: ClientDataLike, state: ClientState, ctx: ClientContext) -> StateDict:
         return self._weights(payload, state)
+
+    # a newcomer receives the global prototypes (and, with share_parameters, the shared model) and trains
+    # its model by FedProto's local objective (CE + lam * distance to the prototypes) for its budget
+    def configure_onboard(self, state: ServerState, rnd: int, cids: list[int]) -> dict[int, Payload]:
+        return self.configure(state, rnd, cids)
+
+    def onboard(self, payload: Payload, data: ClientDataLike, ctx: ClientContext) -> StateDict:
+        state = self.init_client_state(ctx.cid)
+        epochs = adapt_epochs(payload)
+        if epochs == 0:
+            return self._weights(payload, state)
+        update, state = self.adapted(epochs).client_update(payload, data, state, ctx)
+        return take_prefix(PROTO, update.tensors)[1] if self.config.share_parameters else state.tensors

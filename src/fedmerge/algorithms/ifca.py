@@ -38,13 +38,21 @@ from typing import Any, Literal
 import torch
 from pydantic import Field, model_validator
 
-from fedmerge.core.algorithm import ALGORITHMS, Algorithm, AlgorithmConfig, ClientContext, ClientDataLike, StateDict
+from fedmerge.core.algorithm import (
+    ALGORITHMS,
+    Algorithm,
+    AlgorithmConfig,
+    ClientContext,
+    ClientDataLike,
+    StateDict,
+    adapt_epochs,
+)
 from fedmerge.core.params import weighted_average
 from fedmerge.core.types import ClientState, Payload, ServerState, Update
 
 from ._multimodel import initial_models, one_hot_rows, pack, per_sample_losses, unpack
 from ._personal import Weighting, head_prefix, is_head
-from .base import model_weights, train_received
+from .base import fine_tuned, model_weights, train_received
 
 TAG = "ifca"
 
@@ -176,3 +184,12 @@ class IFCA(Algorithm):
     def personalize(self, payload: Payload, data: ClientDataLike, state: ClientState, ctx: ClientContext) -> StateDict:
         models = self._models(payload.tensors)
         return models[choose_cluster(ctx.model, models, data.x_train, data.y_train)]
+
+    # a newcomer receives the k cluster models (as a participant does), joins the one with the lowest loss on its
+    # training split, and fine-tunes it for its budget
+    def configure_onboard(self, state: ServerState, rnd: int, cids: list[int]) -> dict[int, Payload]:
+        return self.configure(state, rnd, cids)
+
+    def onboard(self, payload: Payload, data: ClientDataLike, ctx: ClientContext) -> StateDict:
+        chosen = self.personalize(payload, data, ClientState(), ctx)
+        return fine_tuned(chosen, data, self.config, ctx, adapt_epochs(payload))

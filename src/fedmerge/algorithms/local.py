@@ -20,7 +20,7 @@ from fedmerge.core.algorithm import (
 from fedmerge.core.training import local_sgd
 from fedmerge.core.types import ClientState, Payload, ServerState, Update
 
-from .base import load_weights, model_weights
+from .base import adapted_state, load_weights, model_weights
 
 
 class LocalConfig(AlgorithmConfig):
@@ -68,3 +68,10 @@ class Local(Algorithm):
 
     def personalize(self, payload: Payload, data: ClientDataLike, state: ClientState, ctx: ClientContext) -> StateDict:
         return state.tensors
+
+    # a newcomer has nothing from the federation: it trains the common initial model alone for its budget
+    def configure_onboard(self, state: ServerState, rnd: int, cids: list[int]) -> dict[int, Payload]:
+        return self.configure(state, rnd, cids)
+
+    def onboard(self, payload: Payload, data: ClientDataLike, ctx: ClientContext) -> StateDict:
+        return adapted_state(self, payload, data, self.init_client_state(ctx.cid), ctx).tensors

@@ -33,7 +33,7 @@ from fedmerge.core.training import LocalTraining, Step, local_sgd
 from fedmerge.core.types import ClientState, Payload, ServerState, Update
 
 from ._personal import GapProbe, average_updates, detached, half_sq_dist, leaves
-from .base import GlobalModelAlgorithm, load_weights, model_weights
+from .base import GlobalModelAlgorithm, adapted_state, load_weights, model_weights
 
 
 class PFedMeConfig(AlgorithmConfig):
@@ -115,3 +115,8 @@ class PFedMe(GlobalModelAlgorithm):
 
     def personalize(self, payload: Payload, data: ClientDataLike, state: ClientState, ctx: ClientContext) -> StateDict:
         return state.tensors or payload.tensors
+
+    def onboard(self, payload: Payload, data: ClientDataLike, ctx: ClientContext) -> StateDict:
+        """A newcomer's theta: pFedMe's client step (the Moreau-envelope inner solve around a local copy of
+        the global model) for the adaptation budget; with no budget, the global model."""
+        return self.personalize(payload, data, adapted_state(self, payload, data, ClientState(), ctx), ctx)

@@ -69,6 +69,8 @@ from fedmerge.core.algorithm import (
     ClientDataLike,
     Predictor,
     StateDict,
+    adapt_epochs,
+    with_epochs,
 )
 from fedmerge.core.params import clone_state
 from fedmerge.core.seeding import NO_ROUND, torch_generator
@@ -307,3 +309,33 @@ class PFedMoE(Algorithm):
         g_global, g_local = self.gate_weights(payload, data, state, ctx)
         body = dict(payload.tensors) if g_global > g_local else self._body(local)
         return {**body, **{k: v for k, v in local.items() if self._is_head(k)}}
+
+    # --- a newcomer: the gate and the local header trained, both experts frozen ------------------------------
+    def configure_onboard(self, state: ServerState, rnd: int, cids: list[int]) -> dict[int, Payload]:
+        return self.configure(state, rnd, cids)
+
+    def onboard_variants(
+        self, payload: Payload, data: ClientDataLike, ctx: ClientContext
+    ) -> dict[str, StateDict | Predictor]:
+        """The newcomer's network as a participant's starts (its own seeded local expert and gate, the global
+        expert received), then ``adapt_epochs`` epochs of local SGD on the gate and the local head only: the two
+        feature extractors (the experts) stay frozen. The head is trained too because a newcomer's is untrained
+        and the paper's gate only mixes representations (our reading; the paper does not onboard newcomers)."""
+        state = self.init_client_state(ctx.cid)
+        epochs = adapt_epochs(payload)
+        if epochs > 0:
+            moe = self._load(payload, data, state, ctx)
+            head = [p for n, p in moe.local_expert.named_parameters() if self._is_head(n)]
+            params = [*moe.gate.parameters(), *head]
+            local_sgd(moe, data.x_train, data.y_train, with_epochs(self.config, epochs), ctx.generator("onboard"),
+                      params=params)  # fmt: skip
+            trained = clone_state(moe.local_expert.state_dict())
+            head_state = with_prefix(LOCAL, {k: v for k, v in trained.items() if self._is_head(k)})
+            # the local expert's body as it was (BatchNorm statistics too): frozen means unchanged
+            state = ClientState(
+                {**state.tensors, **head_state, **with_prefix(GATE, clone_state(moe.gate.state_dict()))}
+            )
+        return self.personalize_variants(payload, data, state, ctx)
+
+    def onboard(self, payload: Payload, data: ClientDataLike, ctx: ClientContext) -> StateDict | Predictor:
+        return self.onboard_variants(payload, data, ctx)[""]

@@ -448,6 +448,16 @@ class PrivateAlgorithm(Algorithm):
     ) -> dict[str, Any]:
         return self.inner.personalize_variants(payload, data, self._without(state), ctx)
 
+    # a newcomer's adaptation stays on it and nothing it computes is released: the inner method's rule, unchanged
+    def configure_onboard(self, state: ServerState, rnd: int, cids: list[int]) -> dict[int, Payload]:
+        return self.inner.configure_onboard(self._without(state), rnd, cids)
+
+    def onboard(self, payload: Payload, data: ClientDataLike, ctx: ClientContext) -> Any:
+        return self.inner.onboard(payload, data, ctx)
+
+    def onboard_variants(self, payload: Payload, data: ClientDataLike, ctx: ClientContext) -> dict[str, Any]:
+        return self.inner.onboard_variants(payload, data, ctx)
+
     def initial_weights(self, purpose: str = "init", cid: int = -1) -> StateDict:
         return self.inner.initial_weights(purpose, cid)
 

@@ -43,13 +43,20 @@ from typing import ClassVar, Literal
 import torch
 from pydantic import Field
 
-from fedmerge.core.algorithm import ALGORITHMS, AlgorithmConfig, ClientContext, ClientDataLike, StateDict
+from fedmerge.core.algorithm import (
+    ALGORITHMS,
+    AlgorithmConfig,
+    ClientContext,
+    ClientDataLike,
+    StateDict,
+    adapt_epochs,
+)
 from fedmerge.core.seeding import NO_ROUND, torch_generator
 from fedmerge.core.training import Step, local_sgd
 from fedmerge.core.types import ClientState, Payload, Update
 
 from ._personal import GapProbe, detached, interpolate, lambda_grid, lambda_key, leaves, pick_best
-from .base import GlobalModelAlgorithm, load_weights, model_weights
+from .base import GlobalModelAlgorithm, adapted_state, load_weights, model_weights
 
 Tensors = dict[str, torch.Tensor]
 
@@ -192,6 +199,17 @@ class SuPerFed(GlobalModelAlgorithm):
 
     def personalize(self, payload: Payload, data: ClientDataLike, state: ClientState, ctx: ClientContext) -> StateDict:
         return self.personalize_variants(payload, data, state, ctx)[""]
+
+    def onboard_variants(self, payload: Payload, data: ClientDataLike, ctx: ClientContext) -> dict[str, StateDict]:
+        """The paper's novel client (Fig. 2, case 2) downloads the global model: that is the newcomer's model
+        with no adaptation budget, and before mixing starts (the fine-tuned global model then). With a budget,
+        once mixing has started, it draws its own local model (``init_client_state``, as a participant does),
+        trains it with the global model on the line by SuPerFed's client step, and is evaluated on the line as
+        participants are (lambda chosen on its own ``select_lambda_on`` split)."""
+        if adapt_epochs(payload) == 0 or not self.mixing(ctx):
+            return {"": self.onboard(payload, data, ctx)}
+        state = adapted_state(self, payload, data, self.init_client_state(ctx.cid), ctx)
+        return self.personalize_variants(payload, data, state, ctx)
 
 
 @ALGORITHMS.register(

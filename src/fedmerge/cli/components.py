@@ -44,7 +44,7 @@ def list_components(kind: str | None = KIND_ARG, name: str | None = NAME_ARG) ->
         out.print(known)
         out.print(
             "options of one component: fedmerge list KIND NAME (e.g. fedmerge list algorithm fedmerge); "
-            "other settings: fedmerge list run | split | noise | flower | log | state",
+            "other settings: fedmerge list run | split | noise | flower | log | state | unseen",
             soft_wrap=True,
             highlight=False,
         )

@@ -76,11 +76,11 @@ def sweep(
 
 
 def _print_tables(tables: list[Any]) -> None:
-    from fedmerge.report.compare import SHORT_COLUMNS, row_cells
+    from fedmerge.report.compare import columns, row_cells
 
     for t in tables:
         table = Table(title=escape(t.setting), title_justify="left")
-        for i, col in enumerate(SHORT_COLUMNS):
+        for i, col in enumerate(columns(t, short=True)):
             table.add_column(col, justify="left" if i == 0 else "right")
         for row in t.rows:
             table.add_row(*(escape(c) for c in row_cells(t, row)))

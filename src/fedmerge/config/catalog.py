@@ -6,7 +6,14 @@ from __future__ import annotations
 from pydantic import BaseModel
 
 from fedmerge.algorithms.privacy import PrivacySettings
-from fedmerge.config.schema import COMPONENT_SECTIONS, FlowerSettings, LogSettings, RunSettings, StateSettings
+from fedmerge.config.schema import (
+    COMPONENT_SECTIONS,
+    FlowerSettings,
+    LogSettings,
+    RunSettings,
+    StateSettings,
+    UnseenSettings,
+)
 from fedmerge.config.schema_docs import did_you_mean
 from fedmerge.core.registry import Registry
 from fedmerge.data import NoiseConfig, SplitConfig
@@ -19,6 +26,7 @@ SECTIONS: dict[str, type[BaseModel]] = {
     "flower": FlowerSettings,
     "log": LogSettings,
     "state": StateSettings,
+    "unseen": UnseenSettings,
     "privacy": PrivacySettings,
 }
 _KIND_WORDS = {"algorithms": "algorithm", "datasets": "dataset", "partitioner": "partition", "models": "model"}

@@ -100,6 +100,20 @@ class StateSettings(BaseModel):
     cache_size: int = Field(256, ge=0, description="client states kept decoded in memory (least recently used go)")
 
 
+class UnseenSettings(BaseModel):
+    """``unseen:`` section: how clients that never trained (``split.unseen_clients``) are onboarded.
+
+    At every evaluation round each such client receives what the method sends a newcomer, builds its model
+    from it and its own training split by the method's rule (README, "Clients that never trained") and is
+    tested on its test split; its metrics are logged as ``eval_unseen`` and never select a round."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    adapt_epochs: int = Field(
+        0, ge=0, description="epochs of adaptation on the newcomer's training split (0: the method's model as sent)"
+    )
+
+
 class RunSettings(BaseModel):
     """Fields that are not components: the schedule, engine and outputs."""
 
@@ -134,6 +148,10 @@ class RunSettings(BaseModel):
     )
     # None: defaults; omitted from config.yaml so that existing run folders stay unchanged
     log: LogSettings | None = Field(None, description="extra outputs (fedmerge list log)")
+    # None: defaults (no adaptation); omitted from config.yaml so that existing run folders stay unchanged
+    unseen: UnseenSettings | None = Field(
+        None, description="onboarding of the clients that never train, split.unseen_clients (fedmerge list unseen)"
+    )
     # None: no differential privacy; omitted from config.yaml so that existing run folders stay unchanged
     privacy: PrivacySettings | None = Field(None, description="differential privacy (fedmerge list privacy)")
     device: str = Field("cpu", pattern=r"^(cpu|cuda(:\d+)?|mps|auto)$", description="cpu, cuda, cuda:N, mps or auto")
@@ -455,6 +473,7 @@ def defaults_left_out(cfg: BaseModel) -> dict[str, Any]:
     left_out |= {"plugins": True} if not getattr(cfg, "plugins", ()) else {}
     left_out |= {"vectorize": True} if not getattr(cfg, "vectorize", False) else {}
     left_out |= {"privacy": True} if getattr(cfg, "privacy", None) is None else {}
+    left_out |= {"unseen": True} if getattr(cfg, "unseen", None) is None else {}
     left_out |= {"keep_freed_memory": True} if getattr(cfg, "keep_freed_memory", True) else {}
     for section, key, default in NESTED_ADDED_KEYS:
         if getattr(getattr(cfg, section, None), key, default) == default:
@@ -463,7 +482,11 @@ def defaults_left_out(cfg: BaseModel) -> dict[str, Any]:
 
 
 # (section, key, default): options of a section added after run folders existed
-NESTED_ADDED_KEYS = (("dataset", "subsample_seed", 0), ("split", "test_per_client", None))
+NESTED_ADDED_KEYS = (
+    ("dataset", "subsample_seed", 0),
+    ("split", "test_per_client", None),
+    ("split", "unseen_clients", 0),
+)
 
 
 def to_yaml(cfg: BaseModel) -> str:

@@ -4,6 +4,8 @@
     update, client_state = algorithm.client_update(payload, data, client_state, ctx)   # client
     server_state = algorithm.aggregate(server_state, round, updates)       # server
     weights = algorithm.personalize(eval_payload, data, client_state, ctx)  # client, for evaluation
+    payloads = algorithm.configure_onboard(server_state, round, newcomers)  # server, clients that never trained
+    weights = algorithm.onboard(onboard_payload, data, ctx)  # newcomer: no state before, none kept after
 
 Evaluation is split the same way as training (``configure_evaluate`` on the server,
 ``personalize`` on the client) because a personalised model may need the client's data (e.g.
@@ -12,6 +14,7 @@ fine-tuning) and, on a distributed engine, only the client has it.
 
 from __future__ import annotations
 
+import copy
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -100,6 +103,19 @@ class PlainSGD:
     prox_mu: float = 0.0
 
 
+ADAPT_EPOCHS = "adapt_epochs"  # onboarding payload meta: the newcomer's adaptation budget (unseen.adapt_epochs)
+
+
+def adapt_epochs(payload: Payload) -> int:
+    """The adaptation budget an onboarding payload carries (epochs over the newcomer's training split)."""
+    return int(payload.meta.get(ADAPT_EPOCHS, 0))
+
+
+def with_epochs(cfg: LocalTraining, epochs: int) -> LocalTraining:
+    """``cfg`` training for ``epochs`` epochs (``local_steps`` unset): a newcomer's adaptation budget."""
+    return cfg.model_copy(update={"local_epochs": epochs, "local_steps": None})
+
+
 class Algorithm(ABC):
     """A federated method. Subclasses are registered in ``ALGORITHMS`` with a typed config."""
 
@@ -165,6 +181,33 @@ class Algorithm(ABC):
         weights for the experiment's model or a :data:`Predictor` (called in no-grad mode; put
         your own modules in eval mode)."""
         return {"": self.personalize(payload, data, state, ctx)}
+
+    # --- clients that never trained (``split.unseen_clients``) ----------------------------------
+    # A newcomer joins after (or during) training: the server sends it what the method would send a new
+    # client (``configure_onboard``), the newcomer builds its personalised model from that and its own data
+    # within the budget ``adapt_epochs(payload)`` (``onboard``), and nothing comes back but its metrics.
+    # It has no client state before and keeps none: it never changes what the federation trains.
+    def configure_onboard(self, state: ServerState, rnd: int, cids: list[int]) -> dict[int, Payload]:
+        """What the server sends newcomers ``cids`` (ids the method was not built for)."""
+        raise NotImplementedError(f"{self.name} has no onboarding rule for clients that never trained")
+
+    def onboard(self, payload: Payload, data: ClientDataLike, ctx: ClientContext) -> StateDict | Predictor:
+        """The personalised model of a newcomer, from its onboarding payload and its own data."""
+        raise NotImplementedError(f"{self.name} has no onboarding rule for clients that never trained")
+
+    def onboard_variants(
+        self, payload: Payload, data: ClientDataLike, ctx: ClientContext
+    ) -> dict[str, StateDict | Predictor]:
+        """Named models to evaluate for a newcomer, as :meth:`personalize_variants` (``""``: :meth:`onboard`)."""
+        return {"": self.onboard(payload, data, ctx)}
+
+    def adapted(self, epochs: int) -> Algorithm:
+        """This method with its local training cut to ``epochs`` epochs: a newcomer that adapts by the method's
+        own client objective runs ``adapted(adapt_epochs(payload)).client_update`` (a shallow copy: the
+        objects the method built at its start are shared)."""
+        clone = copy.copy(self)
+        clone.config = with_epochs(self.config, epochs)
+        return clone
 
     # --- many clients at once (engine option ``vectorize``) --------------------------------
     # Methods whose client step is plain local SGD on one model set ``vectorizable`` and say where

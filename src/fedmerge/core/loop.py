@@ -11,7 +11,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from .algorithm import Algorithm, ClientRows
+from .algorithm import ADAPT_EPOCHS, Algorithm, ClientRows
 from .seeding import numpy_rng
 from .types import ClientState, Payload, ServerState, Update
 
@@ -27,7 +27,12 @@ class Engine(Protocol):
 
     def fit(self, algorithm: Algorithm, rnd: int, payloads: dict[int, Payload]) -> dict[int, Update]: ...
 
-    def evaluate(self, algorithm: Algorithm, rnd: int, payloads: dict[int, Payload]) -> dict[int, Metrics]: ...
+    def evaluate(
+        self, algorithm: Algorithm, rnd: int, payloads: dict[int, Payload], *, newcomers: bool = False
+    ) -> dict[int, Metrics]:
+        """Each client's metrics; with ``newcomers`` the clients never trained: ``algorithm.onboard_variants``
+        builds their models from the onboarding payloads, with no client state read, made or kept."""
+        ...
 
     def evaluate_global(self, algorithm: Algorithm, state: ServerState) -> Metrics | None: ...
 
@@ -111,6 +116,15 @@ class Schedule:
         return tuple(sorted(int(c) for c in rng.choice(self.num_clients, size=k, replace=False)))
 
 
+@dataclass(frozen=True)
+class Newcomers:
+    """Clients that never train (``split.unseen_clients``), onboarded at every evaluation round: their engine
+    ids (after the ``Schedule``'s participants) and their adaptation budget (``unseen.adapt_epochs``)."""
+
+    cids: tuple[int, ...]
+    adapt_epochs: int = 0
+
+
 RoundCallback = Callable[[int, ServerState, dict[str, Any]], None]
 
 
@@ -139,6 +153,18 @@ def evaluate_clients(algorithm: Algorithm, engine: Engine, state: ServerState, r
     }
 
 
+def onboard_clients(algorithm: Algorithm, engine: Engine, state: ServerState, rnd: int, newcomers: Newcomers) -> dict:
+    """Metrics of the newcomers' models, onboarded from the server state of round ``rnd`` (which they leave as
+    it is), and the values each newcomer downloads."""
+    sent = algorithm.configure_onboard(state, rnd, list(newcomers.cids))
+    payloads = {c: Payload(p.tensors, {**p.meta, ADAPT_EPOCHS: newcomers.adapt_epochs}) for c, p in sent.items()}
+    per_client = engine.evaluate(algorithm, rnd, payloads, newcomers=True)
+    return {
+        "clients": {int(c): m for c, m in sorted(per_client.items())},
+        "comm_down": float(np.mean([p.num_values() for p in payloads.values()])) if payloads else 0.0,
+    }
+
+
 def run_rounds(
     algorithm: Algorithm,
     engine: Engine,
@@ -146,8 +172,10 @@ def run_rounds(
     state: ServerState,
     start_round: int = 0,
     on_round_end: RoundCallback | None = None,
+    newcomers: Newcomers | None = None,
 ) -> ServerState:
-    """Run rounds ``start_round+1 .. schedule.rounds``; ``on_round_end`` logs and checkpoints."""
+    """Run rounds ``start_round+1 .. schedule.rounds``; ``on_round_end`` logs and checkpoints. ``newcomers``:
+    clients outside the schedule, never sampled, onboarded and evaluated (``eval_unseen``) at evaluation rounds."""
     for rnd in range(start_round + 1, schedule.rounds + 1):
         t0 = time.perf_counter()
         selected = schedule.sample(rnd)
@@ -183,6 +211,8 @@ def run_rounds(
             t1 = time.perf_counter()
             evaluated = schedule.evaluated(rnd, selected)
             record["eval"] = evaluate_clients(algorithm, engine, state, rnd, evaluated)
+            if newcomers is not None and newcomers.cids:
+                record["eval_unseen"] = onboard_clients(algorithm, engine, state, rnd, newcomers)
             record["eval_seconds"] = time.perf_counter() - t1
         if on_round_end is not None:
             on_round_end(rnd, state, record)

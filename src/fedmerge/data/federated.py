@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,7 @@ from fedmerge.data.partitioners import PARTITIONERS, Partition
 from fedmerge.data.pool import Pool, load_pool, load_pool_and_heldout, standardize
 from fedmerge.data.split import SplitConfig, split_indices
 from fedmerge.data.transforms import rotate_images
+from fedmerge.data.unseen import seen_first, unseen_ids
 
 
 @dataclass
@@ -60,6 +61,16 @@ class FederatedDataset:
     input_shape: tuple[int, ...]
     name: str
     class_names: list[str] | None = None  # from the dataset when it names its classes
+    # split.unseen_clients: the last ``num_unseen`` clients never train (ids S..S+U-1); their partition indices
+    unseen_origin: list[int] = field(default_factory=list)
+
+    @property
+    def num_unseen(self) -> int:
+        return len(self.unseen_origin)
+
+    @property
+    def num_participants(self) -> int:
+        return len(self.clients) - self.num_unseen
 
     @property
     def num_clients(self) -> int:
@@ -264,11 +275,14 @@ def federate(
         split_indices(pool.y[idx], split_cfg, numpy_rng(seed, client_id=cid, purpose="split"))
         for cid, idx in enumerate(indices)
     ]
+    unseen = unseen_ids(len(indices), getattr(split_cfg, "unseen_clients", 0), seed)
     x_np, y_np = pool.x, pool.y
     if split_cfg.test_per_client is not None:  # positions past the pool's rows: the held-out test samples
         tests, x_np, y_np = _heldout_test_rows(pool, heldout, indices, splits, partition.groups, split_cfg, seed)
-    if pool.standardize:  # statistics of the training samples only: nothing leaks from val/test
-        train_rows = np.unique(np.concatenate([idx[train] for idx, (train, _, _) in zip(indices, splits)]))
+    if pool.standardize:  # statistics of the participants' training samples only: nothing leaks from val/test
+        left_out = set(unseen)
+        fit = [idx[train] for cid, (idx, (train, _, _)) in enumerate(zip(indices, splits)) if cid not in left_out]
+        train_rows = np.unique(np.concatenate(fit))
         x_np = standardize(x_np, train_rows)
     x_pool = torch.from_numpy(np.ascontiguousarray(x_np))
     x_pool = x_pool.float() if x_pool.is_floating_point() else x_pool.long()
@@ -317,7 +331,9 @@ def federate(
         )
         start = end
     class_names = None if pool.class_names is None else [str(c) for c in pool.class_names]
-    return FederatedDataset(clients, pool.num_classes, tuple(pool.x.shape[1:]), pool.name, class_names)
+    if unseen:  # participants first (ids 0..S-1), then the clients that never train
+        clients = [replace(c, cid=i) for i, c in enumerate(seen_first(clients, unseen))]
+    return FederatedDataset(clients, pool.num_classes, tuple(pool.x.shape[1:]), pool.name, class_names, unseen)
 
 
 def _heldout_test_rows(

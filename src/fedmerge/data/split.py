@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    model_validator,
+)
 
 
 class SplitConfig(BaseModel):
@@ -19,11 +24,20 @@ class SplitConfig(BaseModel):
         "training data, or of its group's for cluster/domain partitions; the client's own test_fraction part is "
         "then left unused, so train and val are unchanged. null: the test split is the client's test_fraction",
     )
+    unseen_clients: float = Field(
+        0,
+        ge=0,
+        description="clients that never train (drawn from the seed, the same for every method): a fraction (< 1) "
+        "or a count; each is onboarded after training on its train and val splits and tested on its test split "
+        "(unseen: section); 0 = none",
+    )
 
     @model_validator(mode="after")
     def _leaves_training_data(self) -> SplitConfig:
         if self.val_fraction + self.test_fraction >= 1:
             raise ValueError("val_fraction + test_fraction must be below 1 (something must remain for training)")
+        if self.unseen_clients >= 1 and self.unseen_clients != int(self.unseen_clients):
+            raise ValueError("unseen_clients must be a fraction below 1 or a whole count")
         return self
 
 

@@ -118,8 +118,18 @@ class LocalEngine:
         new = algorithm.init_client_state(cid).to(self.device) if state is None else None
         return evaluate_client(algorithm, payload, self.clients[cid], state or new, ctx, self.eval_batch_size), new
 
+    def _onboard_one(
+        self, algorithm: Algorithm, rnd: int, cid: int, payload: Payload, state: ClientState | None
+    ) -> tuple[Metrics, None]:
+        """A newcomer's metrics: its models come from ``algorithm.onboard_variants``; it has no state and keeps none."""
+        ctx = self._context(rnd, cid, "onboard")
+        payload = payload.to(self.device)
+        data = self.clients[cid]
+        variants = algorithm.onboard_variants(payload, data, ctx)
+        return evaluate_client(algorithm, payload, data, ClientState(), ctx, self.eval_batch_size, variants), None
+
     def _run_task(self, algorithm: Algorithm, kind: str, rnd: int, cid: int, payload: Payload, state: Any) -> Any:
-        one = self._fit_one if kind == "fit" else self._evaluate_one
+        one = {"fit": self._fit_one, "evaluate": self._evaluate_one, "onboard": self._onboard_one}[kind]
         return one(algorithm, rnd, cid, payload, state)
 
     def _map(
@@ -168,7 +178,13 @@ class LocalEngine:
             self._map(algorithm, "fit", rnd, payloads, done)
         return {cid: updates[cid] for cid in sorted(updates)}
 
-    def evaluate(self, algorithm: Algorithm, rnd: int, payloads: dict[int, Payload]) -> dict[int, Metrics]:
+    def evaluate(
+        self, algorithm: Algorithm, rnd: int, payloads: dict[int, Payload], *, newcomers: bool = False
+    ) -> dict[int, Metrics]:
+        if newcomers:  # one by one, here or in the workers; no state is read or written
+            onboarded: dict[int, Metrics] = {}
+            self._map(algorithm, "onboard", rnd, payloads, lambda cid, result: onboarded.__setitem__(cid, result[0]))
+            return {cid: onboarded[cid] for cid in sorted(onboarded)}
         if self.workers == 1 and self.device.type == "cpu":  # same numbers, less work: see grouped_eval
 
             def prepare(cid: int) -> tuple[ClientContext, Payload, ClientState]:

@@ -44,6 +44,8 @@ class MethodRow:
     best_val: Stat | None = None
     last: Stat | None = None
     worst10: Stat | None = None
+    unseen: Stat | None = None  # clients that never trained (split.unseen_clients), at the best-validation round
+    gap: Stat | None = None  # participation gap: participants' minus those clients' mean test accuracy
     p_value: float | None = None  # paired t-test against the best method
     n_paired: int = 0
     budget: dict[str, float] = field(default_factory=dict)
@@ -62,14 +64,28 @@ class SettingTable:
     def failures(self) -> list[RunRecord]:
         return [r for row in self.rows for r in row.runs if r.status == FAILED]
 
+    @property
+    def has_unseen(self) -> bool:
+        """Whether some run of the setting had clients that never trained (two more columns then)."""
+        return any(row.unseen is not None for row in self.rows)
 
-def _stat(runs: list[RunRecord], selection: str, metric: str = "mean") -> Stat | None:
+
+def _stat(runs: list[RunRecord], selection: str, metric: str = "mean", part_key: str = "clients") -> Stat | None:
     values = {}
     for r in runs:
         part = (r.summary or {}).get(selection)
-        acc = part["clients"].get("test_acc") if part else None
+        acc = (part.get(part_key) or {}).get("test_acc") if part else None
         if r.status == DONE and acc is not None:
             values[r.seed] = float(acc[metric])
+    return Stat(values) if values else None
+
+
+def _gap(runs: list[RunRecord]) -> Stat | None:
+    values = {}
+    for r in runs:
+        gap = ((r.summary or {}).get("best_val") or {}).get("participation_gap", {}).get("test_acc")
+        if r.status == DONE and gap is not None:
+            values[r.seed] = float(gap)
     return Stat(values) if values else None
 
 
@@ -109,6 +125,7 @@ def compare(records: list[RunRecord]) -> list[SettingTable]:
             runs = [r for r in mine if r.method == method]
             row = MethodRow(method, runs, _stat(runs, "best_val"), _stat(runs, "last"))
             row.worst10 = _stat(runs, "best_val", "worst10")
+            row.unseen, row.gap = _stat(runs, "best_val", part_key="unseen"), _gap(runs)
             row.budget = budget_of(runs)
             rows.append(row)
         ranked = [r for r in rows if r.best_val is not None]
@@ -149,6 +166,17 @@ SHORT_COLUMNS = (
 )
 
 
+# added where a setting has clients that never trained (split.unseen_clients)
+UNSEEN_COLUMNS = ("unseen clients' test acc @ best val", "participation gap (seen - unseen)")
+SHORT_UNSEEN_COLUMNS = ("unseen acc", "gap")
+
+
+def columns(table: SettingTable, short: bool = False) -> tuple[str, ...]:
+    """The columns of ``table``'s rows (:func:`row_cells`)."""
+    base, extra = (SHORT_COLUMNS, SHORT_UNSEEN_COLUMNS) if short else (COLUMNS, UNSEEN_COLUMNS)
+    return base + extra if table.has_unseen else base
+
+
 def fmt_stat(stat: Stat | None, failed: bool = False) -> str:
     if stat is None:
         return "failed" if failed else "-"
@@ -183,7 +211,7 @@ def row_cells(table: SettingTable, row: MethodRow) -> list[str]:
         fmt_count(row.budget.get("client_optimized")),
         fmt_count(row.budget.get("communicated")),
         fmt_count(row.budget.get("server_stored")),
-    ]
+    ] + ([fmt_stat(row.unseen, all_failed), fmt_stat(row.gap, all_failed)] if table.has_unseen else [])
 
 
 def to_markdown(tables: list[SettingTable], title: str = "Comparison") -> str:
@@ -192,10 +220,13 @@ def to_markdown(tables: list[SettingTable], title: str = "Comparison") -> str:
         "",
         "Mean client test accuracy (%), mean ± std over seeds, at the best-validation round (lowest mean "
         "validation loss) and at the last round; p: two-sided paired t-test across seeds against the best "
-        "method (highest mean at the best-validation round). Budgets in float values.",
+        "method (highest mean at the best-validation round). Budgets in float values. Where some clients never "
+        "trained (split.unseen_clients): their mean test accuracy at the participants' best-validation round, and "
+        "the participation gap (participants' minus theirs, in points).",
     ]
     for table in tables:
-        lines += ["", f"## {table.setting}", "", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+        head = columns(table)
+        lines += ["", f"## {table.setting}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         lines += ["| " + " | ".join(row_cells(table, row)) + " |" for row in table.rows]
         if table.failures:
             lines += ["", "Failed runs:", ""]

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedmerge.report.compare import COLUMNS, DONE, FAILED, RunRecord, SettingTable, compare, row_cells
+from fedmerge.report.compare import COLUMNS, DONE, FAILED, RunRecord, SettingTable, columns, compare, row_cells
 from fedmerge.report.data import (
     band,
     client_accuracies,
@@ -59,6 +59,9 @@ class Report:
 
     def cells(self, table: SettingTable, row: Any) -> list[str]:
         return row_cells(table, row)
+
+    def table_columns(self, table: SettingTable) -> tuple[str, ...]:
+        return columns(table)
 
 
 def build_report(paths: list[Path], out: Path, title: str | None = None) -> Path:

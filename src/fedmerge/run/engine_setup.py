@@ -76,8 +76,9 @@ def pooled_test_of(cfg: BaseModel, data: FederatedDataset) -> Callable[[], tuple
     if not has_test:  # no test split (withheld while tuning): no global-model test either
         return None
     if parse_eval_clients(cfg.eval_clients)[0] != "sample":
-        return data.pooled_test
-    sample = Schedule(cfg.rounds, len(data.clients), seed=cfg.seed, eval_clients=cfg.eval_clients).evaluated(0, [])
+        return partial(data.pooled_test, range(data.num_participants)) if data.num_unseen else data.pooled_test
+    # the participants' test splits (the clients that never train come after them)
+    sample = Schedule(cfg.rounds, data.num_participants, seed=cfg.seed, eval_clients=cfg.eval_clients).evaluated(0, [])
     return partial(data.pooled_test, sample)
 
 
@@ -127,8 +128,11 @@ def open_engine(
     options = flower_options(cfg)
     mode = DEPLOYMENT if federation is not None else SIMULATION
     num_clients = federation.num_clients if federation is not None else len(data.clients)
+    unseen = data.num_unseen if data is not None else 0  # simulation: one node per client, trained or not
     # deployment: the job names no data; each node reads its own file
-    job = client_job(cfg.model_dump(mode="json"), num_clients, with_data=mode == SIMULATION)
+    job = client_job(cfg.model_dump(mode="json"), num_clients - unseen, with_data=mode == SIMULATION)
+    if unseen:
+        job["unseen_clients"] = unseen
 
     def engine_on(target: Any) -> FlowerEngine:
         fed = federation if federation is not None else connect(target, options, SIMULATION, num_clients)

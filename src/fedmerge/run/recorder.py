@@ -19,7 +19,7 @@ from fedmerge.core.checkpoint import (
     Checkpoint,
     save_checkpoint,
 )
-from fedmerge.core.loop import Engine, Schedule, run_rounds
+from fedmerge.core.loop import Engine, Newcomers, Schedule, run_rounds
 from fedmerge.core.state_store import StateStore, StoredStates
 from fedmerge.core.types import ServerState
 from fedmerge.models import count_parameters
@@ -66,7 +66,10 @@ def record_rounds(
     groups: list[int | None],
     segment: Segment,
     client_store: StateStore | None = None,
+    newcomers: Newcomers | None = None,
 ) -> RunResult:
+    """``groups``: the participants' (their count is the population the schedule samples); ``newcomers``: the
+    clients that never train, onboarded at every evaluation round."""
     num_clients = len(groups)
     schedule = Schedule(cfg.rounds, num_clients, cfg.participation, cfg.eval_every, cfg.seed, cfg.eval_clients)
 
@@ -124,6 +127,8 @@ def record_rounds(
                 record["failed_clients"] = failures
             if "eval" in record:
                 record["summary"] = summarize_eval(record["eval"]["clients"])
+            if "eval_unseen" in record:
+                record["summary_unseen"] = summarize_eval(record["eval_unseen"]["clients"])
             record["elapsed_seconds"] = time.perf_counter() - t_start
             store.append_metrics(record)
             if tensorboard is not None:
@@ -135,7 +140,7 @@ def record_rounds(
                 raise Stopped
 
         try:
-            state = run_rounds(algorithm, engine, schedule, state, start_round, on_round_end)
+            state = run_rounds(algorithm, engine, schedule, state, start_round, on_round_end, newcomers)
         except Stopped:
             return RunResult(store.dir, {}, state)
 
@@ -153,6 +158,8 @@ def record_rounds(
         "client_groups": groups if all(g is not None for g in groups) else None,
         "wall_seconds": time.perf_counter() - t_start,
     }
+    if newcomers is not None:
+        info["unseen_clients"] = {"count": len(newcomers.cids), "adapt_epochs": newcomers.adapt_epochs}
     if hasattr(algorithm, "privacy_summary"):  # privacy: the guarantees spent (per client for DP-SGD)
         info["privacy"] = algorithm.privacy_summary(state)
     summary = build_summary(rows, info)

@@ -12,6 +12,7 @@ from pydantic import BaseModel
 from fedmerge.algorithms.privacy import build_algorithm, privacy_problem
 from fedmerge.config.schema import ConfigError, config_warnings, load_config
 from fedmerge.config.tuned import load_tuned_config
+from fedmerge.core.loop import Newcomers
 from fedmerge.data import FederatedDataset
 from fedmerge.engines.memory import keep_freed_memory
 from fedmerge.engines.vectorized import vectorize_problem
@@ -67,6 +68,13 @@ def run_experiment(
         raise ValueError("deployment=True needs the Grid of a ServerApp")
     if pooled_test is not None and not deployment:
         raise ConfigError("pooled-test applies to a deployment; a simulation tests on its own data")
+    if cfg.split.unseen_clients and deployment:
+        raise ConfigError(
+            "split.unseen_clients applies to engine=local and Flower simulations: deployed nodes hold their own "
+            "data; set it to 0"
+        )
+    if getattr(cfg, "unseen", None) is not None and not cfg.split.unseen_clients:
+        raise ConfigError("unseen: onboards the clients that never train; set split.unseen_clients too, or remove it")
     if cfg.state is not None and (cfg.engine != "local" or grid is not None):
         raise ConfigError("state (client states on disk) applies to engine=local; remove it for engine=flower")
     for warning in config_warnings(cfg):
@@ -105,7 +113,8 @@ def run_experiment(
             data = without_test(data)
         sample = next(c.x_train[:2] for c in data.clients if c.n_train)
         num_classes, input_shape = data.num_classes, data.input_shape
-        num_clients, groups = len(data.clients), data.groups()
+        # the clients that never train come last (split.unseen_clients): the method is built for the others
+        num_clients, groups = data.num_participants, data.groups()[: data.num_participants]
     model = check_compatibility(cfg, sample, num_classes, device)
 
     def model_factory(generator: torch.Generator) -> torch.nn.Module:
@@ -126,7 +135,7 @@ def run_experiment(
     except ValueError as exc:  # settings that conflict with the model or the data (e.g. fedlora without LoRA)
         raise ConfigError(f"algorithm {cfg.algorithm.name!r}: {str(exc).splitlines()[0]}") from None
     if privacy is not None:  # e.g. a target epsilon that no noise achieves
-        sizes = [int(c.y_train.shape[0]) for c in data.clients] if data is not None else []
+        sizes = [int(data.clients[c].y_train.shape[0]) for c in range(num_clients)] if data is not None else []
         problem = algorithm.noise_problem(sizes)
         if problem is not None:
             raise ConfigError(problem)
@@ -145,7 +154,14 @@ def run_experiment(
         open_engine(cfg, data, model, device, grid, states, federation) as engine,
     ):
         segment = Segment(resume, ckpt, show_progress, stop_after, notify)
-        return record_rounds(cfg, store, algorithm, model, engine, device, groups, segment, states)
+        newcomers = None if data is None or not data.num_unseen else newcomers_of(cfg, data)
+        return record_rounds(cfg, store, algorithm, model, engine, device, groups, segment, states, newcomers)
+
+
+def newcomers_of(cfg: BaseModel, data: FederatedDataset) -> Newcomers:
+    """The clients that never train (after the participants) and their adaptation budget."""
+    cids = tuple(range(data.num_participants, len(data.clients)))
+    return Newcomers(cids, cfg.unseen.adapt_epochs if cfg.unseen is not None else 0)
 
 
 def run_from_files(

@@ -59,6 +59,7 @@ def build_summary(rows: list[dict[str, Any]], info: dict[str, Any]) -> dict[str,
         "round": last["round"],
         "clients": last["summary"],
         "global": last["eval"].get("global"),
+        **unseen_part(last),
     }
     with_val = [r for r in evals if "val_nll" in r["summary"]]
     if with_val:
@@ -68,8 +69,24 @@ def build_summary(rows: list[dict[str, Any]], info: dict[str, Any]) -> dict[str,
             "val_nll": best["summary"]["val_nll"]["mean"],
             "clients": best["summary"],
             "global": best["eval"].get("global"),
+            **unseen_part(best),  # the round chosen on the participants' validation loss only
         }
     return summary
+
+
+def unseen_part(row: dict[str, Any]) -> dict[str, Any]:
+    """The clients that never trained at an evaluated round: their summary and the participation gap (the
+    participants' mean of each headline metric minus theirs: positive when newcomers do worse on a metric where
+    higher is better); empty without such clients."""
+    unseen = row.get("summary_unseen")
+    if not unseen:
+        return {}
+    gap = {
+        key: row["summary"][key]["mean"] - unseen[key]["mean"]
+        for key in HEADLINE
+        if key in unseen and key in row["summary"]
+    }
+    return {"unseen": unseen, "participation_gap": gap}
 
 
 def parameter_budget(params: dict[str, float], comm: dict[str, float]) -> dict[str, float]:
@@ -152,6 +169,18 @@ def summary_markdown(summary: dict[str, Any]) -> str:
                     f"| {label} | {part['round']} | {key} | {s['mean']:.4f} | {s['weighted_mean']:.4f} | "
                     f"{s['std']:.4f} | {s['worst10']:.4f} |"
                 )
+        for key in HEADLINE:
+            s = part.get("unseen", {}).get(key)
+            if s:
+                lines.append(
+                    f"| {label} (clients that never trained) | {part['round']} | {key} | {s['mean']:.4f} | "
+                    f"{s['weighted_mean']:.4f} | {s['std']:.4f} | {s['worst10']:.4f} |"
+                )
+        gap = part.get("participation_gap", {}).get("test_acc")
+        if gap is not None:
+            lines.append(
+                f"| {label} (participation gap: seen - unseen) | {part['round']} | test_acc | {gap:.4f} | | | |"
+            )
         glob = part.get("global")
         if glob:
             lines.append(

@@ -292,8 +292,10 @@ class FlowerEngine:
             )
         return {cid: updates[cid] for cid in sorted(updates)}
 
-    def evaluate(self, algorithm: Algorithm, rnd: int, payloads: dict[int, Payload]) -> dict[int, Metrics]:
-        replies = self._exchange(MessageType.EVALUATE, algorithm, rnd, payloads)
+    def evaluate(
+        self, algorithm: Algorithm, rnd: int, payloads: dict[int, Payload], *, newcomers: bool = False
+    ) -> dict[int, Metrics]:
+        replies = self._exchange(MessageType.EVALUATE, algorithm, rnd, payloads, onboard=newcomers)
         return {cid: {k: float(v) for k, v in replies[cid].metric_records[METRICS].items()} for cid in sorted(replies)}
 
     def evaluate_global(self, algorithm: Algorithm, state: ServerState) -> Metrics | None:
@@ -305,11 +307,14 @@ class FlowerEngine:
 
     # --- messages ----------------------------------------------------------------------------
     def _exchange(
-        self, kind: str, algorithm: Algorithm, rnd: int, payloads: dict[int, Payload]
+        self, kind: str, algorithm: Algorithm, rnd: int, payloads: dict[int, Payload], onboard: bool = False
     ) -> dict[int, RecordDict]:
-        """Send each client its own payload; return the contents of the good replies by client id."""
+        """Send each client its own payload; return the contents of the good replies by client id. ``onboard``:
+        an evaluation of clients that never trained (no state travels either way)."""
         self._rejoin(sorted(payloads))
-        messages = [self._message(kind, algorithm, rnd, cid, payload) for cid, payload in sorted(payloads.items())]
+        messages = [
+            self._message(kind, algorithm, rnd, cid, payload, onboard) for cid, payload in sorted(payloads.items())
+        ]
         replies = send_and_receive(self.grid, messages, self.options.round_timeout)
         # Flower sets each message's id when it is sent; the SuperLink answers for an unreachable
         # node itself, so a reply is matched by the message it answers, else by its sender
@@ -327,7 +332,9 @@ class FlowerEngine:
                 self._fail(rnd, cid, kind, _one_line(reply.error.reason))
                 continue
             content = reply.content
-            if self.mode == DEPLOYMENT:
+            if onboard:
+                pass  # a newcomer keeps no state: nothing to track
+            elif self.mode == DEPLOYMENT:
                 self.state_round[cid] = max(self.state_round.get(cid, 0), rnd)
             elif has_record(content, STATE):
                 self._states[cid] = get_record(content, STATE, ClientState)
@@ -343,7 +350,9 @@ class FlowerEngine:
         log.warning("round %s: client %s failed in %s and is dropped: %s", rnd, cid, kind, reason)
         self.failures.append({"round": rnd, "cid": cid, "phase": kind, "reason": reason})
 
-    def _message(self, kind: str, algorithm: Algorithm, rnd: int, cid: int, payload: Payload) -> Message:
+    def _message(
+        self, kind: str, algorithm: Algorithm, rnd: int, cid: int, payload: Payload, onboard: bool = False
+    ) -> Message:
         content = RecordDict()
         job: dict[str, Any] = {
             "round": rnd,
@@ -352,12 +361,14 @@ class FlowerEngine:
             "algorithm_module": type(algorithm).__module__,
             "mode": self.mode,
         }
+        if onboard:
+            job["onboard"] = True
         if self.mode == DEPLOYMENT:
             job["state_round"] = self.state_round.get(cid, 0)
             job["keep_round"] = self._kept.get(cid, 0)
         content[JOB] = ConfigRecord(job)
         put_record(content, PAYLOAD, payload)
-        if cid in self._push and self.mode != DEPLOYMENT:
+        if cid in self._push and self.mode != DEPLOYMENT and not onboard:
             put_record(content, STATE, self._states[cid])
         return Message(content, dst_node_id=self.node_of[cid], message_type=kind)
 

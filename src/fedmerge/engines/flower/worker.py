@@ -47,7 +47,8 @@ from .records import get_record, has_record, put_record, state_from_config, stat
 class _Worker:
     algorithm: Algorithm
     engine: LocalEngine
-    num_clients: int
+    num_clients: int  # the participants (the algorithm's clients)
+    unseen: int = 0  # then the clients that never train (split.unseen_clients), ids num_clients..
 
 
 # Rebuilt identically from the job, so safe to share between the virtual clients a simulation
@@ -75,7 +76,7 @@ def _build_worker(job: dict[str, Any], algorithm_module: str, clients: Any, inpu
     )
     model = model_factory(torch.Generator().manual_seed(0))
     engine = LocalEngine(clients, model, device, seed, eval_batch_size=int(job["eval_batch_size"]))
-    return _Worker(algorithm, engine, num_clients)
+    return _Worker(algorithm, engine, num_clients, int(job.get("unseen_clients", 0)))
 
 
 def _worker(job: ConfigRecord, settings: NodeSettings | None) -> _Worker:
@@ -120,6 +121,14 @@ def _prepare(msg: Message, context: Context, phase: str, store_scope: Any) -> _C
     job = msg.content.config_records[JOB]
     rnd = int(job["round"])
     payload = get_record(msg.content, PAYLOAD, Payload)
+    if bool(job.get("onboard", False)):  # a client that never trained: no state is read, made or kept
+        if str(job.get("mode", SIMULATION)) == DEPLOYMENT:
+            raise ValueError("onboarding a deployed client is not supported yet")
+        cid = partition_id(dict(context.node_config))
+        worker = _worker(job, None)
+        if not worker.num_clients <= cid < worker.num_clients + worker.unseen:
+            raise ValueError(f"onboarding message for client {cid}, which is not a client that never trained")
+        return _Call(worker, cid, rnd, payload, False, None)
     if str(job.get("mode", SIMULATION)) == DEPLOYMENT:
         settings = node_settings(dict(context.node_config))
         cid = node_meta(settings).client_id
@@ -148,7 +157,7 @@ def _prepare(msg: Message, context: Context, phase: str, store_scope: Any) -> _C
         else:
             state = None
     if not 0 <= cid < worker.num_clients:
-        raise ValueError(f"partition-id {cid} is outside 0..{worker.num_clients - 1}")
+        raise ValueError(f"partition-id {cid} is outside 0..{worker.num_clients - 1} (the clients that train)")
     worker.engine.load_client_states({cid: state} if state is not None else {})
     return _Call(worker, cid, rnd, payload, state is None, store)
 
@@ -176,7 +185,9 @@ def train(msg: Message, context: Context) -> Message:
 def evaluate(msg: Message, context: Context) -> Message:
     with ExitStack() as scope:
         call = _prepare(msg, context, "evaluate", scope)
-        metrics = call.worker.engine.evaluate(call.worker.algorithm, call.rnd, {call.cid: call.payload})[call.cid]
+        onboard = bool(msg.content.config_records[JOB].get("onboard", False))
+        engine, payloads = call.worker.engine, {call.cid: call.payload}
+        metrics = engine.evaluate(call.worker.algorithm, call.rnd, payloads, newcomers=onboard)[call.cid]
         content = RecordDict({METRICS: MetricRecord({k: float(v) for k, v in metrics.items()})})
         if call.fresh:  # evaluation never changes a state, but creates it for a client not trained yet
             _save_state(call, context, content)

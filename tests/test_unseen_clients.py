@@ -1,0 +1,356 @@
+"""Clients that never train (``split.unseen_clients``, issue #36): they never reach training, aggregation or the
+choice of the best round; each method onboards them by its own rule; the same numbers on every engine and after a
+resume."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+import yaml
+from helpers import assert_runs_identical, quick_config, run, strip_timing
+
+from fedmerge.algorithms.ditto import Ditto, DittoConfig
+from fedmerge.algorithms.fedavg import FedAvg, FedAvgConfig
+from fedmerge.algorithms.fedem import FedEM, FedEMConfig
+from fedmerge.algorithms.fedmerge import FedMerge, FedMergeConfig
+from fedmerge.algorithms.fedper import FedPer, FedPerConfig
+from fedmerge.algorithms.ifca import IFCA, IFCAConfig
+from fedmerge.config.schema import ConfigError, load_config, to_yaml
+from fedmerge.core.algorithm import ADAPT_EPOCHS, ClientContext
+from fedmerge.core.checkpoint import load_checkpoint
+from fedmerge.core.seeding import torch_generator
+from fedmerge.core.training import LocalTraining, local_sgd
+from fedmerge.core.types import Payload
+from fedmerge.data import ClientData, SplitConfig
+from fedmerge.data.unseen import seen_first, unseen_count, unseen_ids
+from fedmerge.engines.local import LocalEngine
+from fedmerge.models import build_model
+from fedmerge.models.mlp import MLPConfig
+from fedmerge.run.prepare import load_data
+from fedmerge.run.results import RunStore
+from fedmerge.run.runner import run_experiment
+from fedmerge.run.summary import build_summary
+
+UNSEEN = ["split.unseen_clients=2", "unseen.adapt_epochs=1"]
+
+
+# --- which clients ---------------------------------------------------------------------------------------------
+def test_unseen_clients_are_a_seeded_draw_of_a_fraction_or_a_count():
+    assert unseen_count(10, 0) == 0 and unseen_count(10, 0.25) == 2 and unseen_count(10, 3) == 3
+    assert unseen_ids(10, 3, seed=0) == unseen_ids(10, 3, seed=0)  # the seed alone: the same for every method
+    assert len(set(unseen_ids(10, 3, seed=0))) == 3
+    assert any(unseen_ids(10, 3, seed=s) != unseen_ids(10, 3, seed=0) for s in range(1, 5))
+    with pytest.raises(ValueError, match="at least one must train"):
+        unseen_count(4, 4)
+    assert seen_first(["a", "b", "c", "d"], [1, 3]) == ["a", "c", "b", "d"]
+    with pytest.raises(ValueError, match="whole count"):
+        SplitConfig(unseen_clients=2.5)
+    # left out of config.yaml at 0, so that older run folders keep their config digest
+    assert "unseen_clients" not in yaml.safe_load(to_yaml(load_config(None, [])))["split"]
+    assert yaml.safe_load(to_yaml(load_config(None, ["split.unseen_clients=2"])))["split"]["unseen_clients"] == 2
+
+
+def test_dataset_puts_the_unseen_clients_last_with_their_own_data():
+    cfg = quick_config("partition.num_clients=6")
+    plain = load_data(cfg)
+    data = load_data(quick_config("partition.num_clients=6", "split.unseen_clients=2"))
+    origin = unseen_ids(6, 2, cfg.seed)
+    assert data.unseen_origin == origin and data.num_participants == 4
+    order = [c for c in range(6) if c not in origin] + origin
+    for pos, original in enumerate(order):
+        assert data.clients[pos].cid == pos
+        assert torch.equal(data.clients[pos].x_train, plain.clients[original].x_train)
+        assert torch.equal(data.clients[pos].y_test, plain.clients[original].y_test)
+
+
+def test_unseen_section_needs_unseen_clients(tmp_path):
+    with pytest.raises(ConfigError, match="split.unseen_clients"):
+        run(quick_config("unseen.adapt_epochs=1", output_dir=tmp_path), tmp_path / "r")
+
+
+# --- they never reach training ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("algo", ["fedavg", "fedmerge", "ditto", "ifca"])
+def test_unseen_clients_change_nothing_the_federation_trains(tmp_path, monkeypatch, algo):
+    """A run with newcomers equals, bit for bit (server state, client states, participants' metrics), the run
+    whose data are the participants' alone; newcomers appear in no fit call and own no client state; poisoning
+    their data changes their own metrics only."""
+    fit_cids: list[int] = []
+    fit = LocalEngine.fit
+
+    def spy(self, algorithm, rnd, payloads):
+        fit_cids.extend(payloads)
+        return fit(self, algorithm, rnd, payloads)
+
+    monkeypatch.setattr(LocalEngine, "fit", spy)
+    cfg = quick_config(f"algorithm.name={algo}", *UNSEEN, "participation=0.5")
+    data = load_data(cfg)
+    with_new = run(cfg, tmp_path / "with", data=data)
+    assert fit_cids and set(fit_cids) <= set(range(4))  # 6 clients, 2 never train
+    alone = replace(data, clients=list(data.clients)[:4], unseen_origin=[])
+    without = run(quick_config(f"algorithm.name={algo}", "participation=0.5"), tmp_path / "without", data=alone)
+    # poisoned newcomers: shuffled training labels, features scaled (the standardisation must not see them)
+    poisoned = list(data.clients)
+    for c in (4, 5):
+        y = poisoned[c].y_train
+        poisoned[c] = replace(poisoned[c], x_train=poisoned[c].x_train * 100, y_train=(y + 1) % 10)
+    run(cfg, tmp_path / "poisoned", data=replace(data, clients=poisoned))
+
+    def participants(rows):
+        return [{k: v for k, v in r.items() if not k.endswith("_unseen")} for r in strip_timing(rows)]
+
+    rows = {name: RunStore(tmp_path / name).read_metrics() for name in ("with", "without", "poisoned")}
+    assert participants(rows["with"]) == participants(rows["without"]) == participants(rows["poisoned"])
+    assert all(sorted(r["eval_unseen"]["clients"]) == ["4", "5"] for r in rows["with"])
+    assert rows["with"][-1]["eval_unseen"] != rows["poisoned"][-1]["eval_unseen"]  # the poison did reach them
+    ckpts = [load_checkpoint(tmp_path / name / "checkpoints") for name in ("with", "without", "poisoned")]
+    for k, v in ckpts[0].server_state.tensors.items():
+        assert torch.equal(v, ckpts[1].server_state.tensors[k]) and torch.equal(v, ckpts[2].server_state.tensors[k])
+    assert set(ckpts[0].client_states) == set(ckpts[1].client_states) <= set(range(4))
+    assert with_new.summary["unseen_clients"] == {"count": 2, "adapt_epochs": 1}
+    assert without.summary["best_val"]["round"] == with_new.summary["best_val"]["round"]
+
+
+def test_standardisation_uses_the_participants_training_rows_only():
+    from fedmerge.data.federated import federate
+    from fedmerge.data.noise import NoiseConfig
+    from fedmerge.data.partitioners import PARTITIONERS
+    from fedmerge.data.pool import Pool
+
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.randn(120, 3, generator=gen).numpy(), (torch.arange(120) % 3).numpy()
+    part = PARTITIONERS.parse({"name": "iid", "num_clients": 4})
+    split = SplitConfig(unseen_clients=1)
+    pool = Pool(x=x, y=y, num_classes=3, name="t", standardize=True)
+    data = federate(pool, part, split, NoiseConfig(), seed=0)
+    (newcomer,) = data.unseen_origin
+    from fedmerge.data.federated import compute_partition
+
+    rows = compute_partition(pool, part, 0).indices[newcomer]
+    x2 = x.copy()
+    x2[rows] *= 1000.0  # the newcomer's features, wildly different
+    data2 = federate(replace(pool, x=x2), part, split, NoiseConfig(), seed=0)
+    for a, b in zip(data.clients[:3], data2.clients[:3]):
+        assert torch.equal(a.x_train, b.x_train) and torch.equal(a.x_test, b.x_test)
+    assert not torch.equal(data.clients[3].x_train, data2.clients[3].x_train)
+
+
+def test_best_round_is_chosen_on_participants_and_gap_read_there():
+    def row(rnd, val_nll, acc, unseen_val_nll, unseen_acc):
+        metric = {"mean": 0.0, "weighted_mean": 0.0, "std": 0.0, "worst10": 0.0}
+        return {
+            "round": rnd,
+            "comm_down": 1.0,
+            "comm_up": 1.0,
+            "eval": {"clients": {}},
+            "summary": {"val_nll": {**metric, "mean": val_nll}, "test_acc": {**metric, "mean": acc}},
+            "summary_unseen": {
+                "val_nll": {**metric, "mean": unseen_val_nll},
+                "test_acc": {**metric, "mean": unseen_acc},
+            },
+        }
+
+    # the newcomers' validation loss is lowest in round 1, the participants' in round 2
+    summary = build_summary([row(1, 0.9, 0.5, 0.1, 0.45), row(2, 0.5, 0.7, 2.0, 0.4)], {})
+    assert summary["best_val"]["round"] == 2
+    assert summary["best_val"]["unseen"]["test_acc"]["mean"] == 0.4
+    assert summary["best_val"]["participation_gap"]["test_acc"] == pytest.approx(0.7 - 0.4)
+
+
+# --- each method's rule -------------------------------------------------------------------------------------------
+def linear_factory(generator: torch.Generator) -> torch.nn.Module:
+    return build_model(MLPConfig(hidden=()), (4,), 2, generator=generator)
+
+
+def two_task_problem(flip: bool, n: int = 64) -> ClientData:
+    """Labels by the sign of x_0 (or its opposite): model ``+w`` solves one task, ``-w`` the other."""
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(n, 4, generator=gen)
+    y = ((x[:, 0] > 0) != flip).long()
+    return ClientData(cid=9, x_train=x, y_train=y, x_val=x[:0], y_val=y[:0], x_test=x, y_test=y)
+
+
+def solver(sign: float) -> dict[str, torch.Tensor]:
+    return {
+        "classifier.weight": sign * torch.tensor([[-2.0, 0, 0, 0], [2.0, 0, 0, 0]]),
+        "classifier.bias": torch.zeros(2),
+    }
+
+
+def context(cid: int = 9) -> ClientContext:
+    return ClientContext(linear_factory(torch.Generator().manual_seed(0)), torch.device("cpu"), 0, 3, cid)
+
+
+def onboard_payload(tensors: dict[str, torch.Tensor], epochs: int) -> Payload:
+    return Payload(tensors, {"round": 3, ADAPT_EPOCHS: epochs})
+
+
+def test_linear_factory_matches_solver_keys():
+    assert set(linear_factory(torch.Generator()).state_dict()) == set(solver(1.0))
+
+
+@pytest.mark.parametrize("flip", [False, True])
+def test_ifca_newcomer_joins_the_cluster_that_fits_its_data(flip):
+    ifca = IFCA(IFCAConfig(num_clusters=2), linear_factory, 4, 0)
+    from fedmerge.algorithms._multimodel import pack
+
+    payload = onboard_payload(pack([solver(1.0), solver(-1.0)]), 0)
+    got = ifca.onboard(payload, two_task_problem(flip), context())
+    assert torch.equal(got["classifier.weight"], solver(-1.0 if flip else 1.0)["classifier.weight"])
+
+
+def test_one_cluster_one_component_one_model_onboard_as_fedavg():
+    """IFCA k=1 and FedMerge d=1 (any budget) and FedEM M=1 (no budget) give a newcomer FedAvg's model."""
+    from fedmerge.algorithms._multimodel import pack
+
+    data = two_task_problem(False)
+    start = {k: v + 0.1 for k, v in solver(1.0).items()}
+    fedavg = FedAvg(FedAvgConfig(lr=0.1), linear_factory, 4, 0)
+    for epochs in (0, 2):
+        expected = fedavg.onboard(onboard_payload(start, epochs), data, context())
+        ifca = IFCA(IFCAConfig(num_clusters=1, lr=0.1), linear_factory, 4, 0)
+        assert_same(ifca.onboard(onboard_payload(pack([start]), epochs), data, context()), expected)
+        fm = FedMerge(FedMergeConfig(num_models=1, lr=0.1), linear_factory, 4, 0)
+        theta = torch.empty(1, fm.layout.num_floats)
+        fm.layout.flatten_into(start, theta[0])
+        payload = onboard_payload({"theta": theta, "counters": torch.zeros(1, 0, dtype=torch.int64)}, epochs)
+        assert_same(fm.onboard(payload, data, context()), expected)
+    fedem = FedEM(FedEMConfig(num_components=1), linear_factory, 4, 0)
+    assert_same(fedem.onboard(onboard_payload(pack([start]), 0), data, context()), start)
+
+
+def assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+@pytest.mark.parametrize("flip", [False, True])
+def test_fedmerge_newcomer_logits_favour_the_model_of_its_own_task(flip):
+    fm = FedMerge(FedMergeConfig(num_models=2, lr=0.1, onboard_lr=1.0), linear_factory, 4, 0)
+    theta = torch.empty(2, fm.layout.num_floats)
+    fm.layout.flatten_into({k: 0.3 * v for k, v in solver(1.0).items()}, theta[0])
+    fm.layout.flatten_into({k: 0.3 * v for k, v in solver(-1.0).items()}, theta[1])
+    payload = onboard_payload({"theta": theta, "counters": torch.zeros(2, 0, dtype=torch.int64)}, 2)
+    data = two_task_problem(flip)
+    weights = torch.softmax(fm.newcomer_logits(payload, data, context()), 0)
+    own = 1 if flip else 0
+    assert weights[own] > 0.8, weights
+    # no budget: a participant's start, uniform weights
+    assert torch.equal(
+        fm.newcomer_logits(onboard_payload(payload.tensors, 0), data, context()), torch.zeros(2).double()
+    )
+    variants = fm.onboard_variants(payload, data, context())
+    assert set(variants) == {"", "merge_only"}
+    merged = theta[0] * weights[0].float() + theta[1] * weights[1].float()
+    flat = torch.empty(fm.layout.num_floats)
+    fm.layout.flatten_into(variants["merge_only"], flat)
+    torch.testing.assert_close(flat, merged)
+
+
+@pytest.mark.parametrize("flip", [False, True])
+def test_fedem_newcomer_mixture_weights_by_em_favour_its_component(flip):
+    from fedmerge.algorithms._multimodel import pack
+
+    fedem = FedEM(FedEMConfig(num_components=2), linear_factory, 4, 0)
+    payload = onboard_payload(pack([solver(1.0), solver(-1.0)]), 3)
+    pi = fedem.newcomer_pi(payload, two_task_problem(flip), context())
+    assert pi[1 if flip else 0] > 0.95, pi
+    uniform = fedem.newcomer_pi(onboard_payload(payload.tensors, 0), two_task_problem(flip), context())
+    assert torch.equal(uniform, torch.full((2,), 0.5, dtype=torch.float64))
+
+
+def test_ditto_newcomer_is_a_hand_run_of_its_objective_from_the_global_model():
+    cfg = DittoConfig(lr=0.05, lam=0.5, batch_size=16)
+    ditto = Ditto(cfg, linear_factory, 4, 0)
+    start = {k: v + 0.2 for k, v in solver(1.0).items()}
+    data = two_task_problem(True)
+    got = ditto.onboard(onboard_payload(start, 2), data, context())
+    # by hand: v from the global model, SGD on CE(v) + lam/2 ||v - w_global||^2, the client's "train" stream
+    model = linear_factory(torch.Generator())
+    model.load_state_dict(start)
+
+    def prox(_step):
+        return 0.5 * cfg.lam * sum(((p - start[n]) ** 2).sum() for n, p in model.named_parameters())
+
+    epochs = LocalTraining(lr=cfg.lr, local_epochs=2, batch_size=cfg.batch_size)
+    local_sgd(model, data.x_train, data.y_train, epochs, torch_generator(0, 3, 9, "train"), extra_loss=prox)
+    for k, v in model.state_dict().items():
+        torch.testing.assert_close(got[k], v, rtol=1e-6, atol=1e-7)
+    assert_same(ditto.onboard(onboard_payload(start, 0), data, context()), start)  # no budget: the global model
+
+
+def test_fedper_newcomer_trains_its_head_on_the_frozen_body():
+    factory = lambda g: build_model(MLPConfig(hidden=(8,)), (4,), 2, generator=g)  # noqa: E731
+    fedper = FedPer(FedPerConfig(lr=0.1), factory, 4, 0)
+    body = fedper.init_server_state().tensors
+    payload = onboard_payload(body, 1)
+    ctx = ClientContext(factory(torch.Generator().manual_seed(0)), torch.device("cpu"), 0, 3, 9)
+    got = fedper.onboard(payload, two_task_problem(False), ctx)
+    head = fedper.init_client_state(9).tensors
+    assert all(torch.equal(got[k], v) for k, v in body.items())  # the shared body as received
+    assert any(not torch.equal(got[k], v) for k, v in head.items())  # the head trained
+    assert_same(fedper.onboard(onboard_payload(body, 0), two_task_problem(False), ctx), {**body, **head})
+
+
+# --- same numbers everywhere ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("algo", ["fedmerge", "superfed_mm"])
+def test_workers_and_resume_give_the_same_newcomer_numbers(tmp_path, algo):
+    extra = ["algorithm.start_round=1"] if algo.startswith("superfed") else []
+    cfg = quick_config(f"algorithm.name={algo}", *UNSEEN, *extra)
+    one = run(cfg, tmp_path / "one")
+    assert "eval_unseen" in RunStore(one.run_dir).read_metrics()[-1]
+    two = run(quick_config(f"algorithm.name={algo}", *UNSEEN, *extra, "workers=2"), tmp_path / "two")
+    assert_runs_identical(one.run_dir, two.run_dir)
+    run(cfg, tmp_path / "cut", stop_after=2)
+    resumed = run_experiment(cfg, tmp_path / "cut", resume=True, show_progress=False)
+    assert_runs_identical(one.run_dir, resumed.run_dir)
+
+
+def test_flower_protocol_onboards_newcomers_as_the_local_engine(tmp_path, task_identity):
+    pytest.importorskip("flwr")
+    from test_flower_engine import SMALL, FakeGrid
+
+    algo = ["algorithm.name=ditto", "split.unseen_clients=1", "unseen.adapt_epochs=1"]
+    grid = FakeGrid(4)  # 3 participants and 1 newcomer, one node each
+    flower = run(quick_config(*SMALL, *algo, "engine=flower"), tmp_path / "flower", grid=grid)
+    local = run(quick_config(*SMALL, *algo), tmp_path / "local")
+    assert_runs_identical(local.run_dir, flower.run_dir)
+    onboard = [m for m in grid.sent if m.content.config_records["fedmerge.job"].get("onboard")]
+    assert onboard and {int(m.content.config_records["fedmerge.job"]["cid"]) for m in onboard} == {3}
+    trains = [m for m in grid.sent if m.metadata.message_type == "train"]
+    assert all(int(m.content.config_records["fedmerge.job"]["cid"]) < 3 for m in trains)
+
+
+def test_config_yaml_of_a_run_without_newcomers_is_unchanged(tmp_path):
+    cfg = load_config(None, ["rounds=1"])
+    from fedmerge.config.schema import to_yaml
+
+    text = to_yaml(cfg)
+    assert "unseen" not in text
+
+
+def test_comparison_tables_show_unseen_accuracy_and_gap_only_where_present():
+    from fedmerge.report.compare import COLUMNS, UNSEEN_COLUMNS, columns, compare, to_markdown
+    from fedmerge.run.results import DONE, RunRecord
+
+    def record(method, setting, seed, acc, unseen_acc=None):
+        stat = {"mean": acc, "weighted_mean": acc, "std": 0.0, "worst10": acc}
+        best = {"round": 1, "clients": {"test_acc": stat}}
+        if unseen_acc is not None:
+            best["unseen"] = {"test_acc": {**stat, "mean": unseen_acc}}
+            best["participation_gap"] = {"test_acc": acc - unseen_acc}
+        return RunRecord(f"{method}-{setting}-{seed}", method, setting, seed, DONE, summary={"best_val": best})
+
+    tables = compare(
+        [record("fedavg", "new", s, 0.8, 0.7 - 0.1 * s) for s in (0, 1)]
+        + [record("fedavg", "plain", 0, 0.8), record("ifca", "plain", 0, 0.6)]
+    )
+    by_setting = {t.setting: t for t in tables}
+    assert columns(by_setting["plain"]) == COLUMNS
+    assert columns(by_setting["new"]) == COLUMNS + UNSEEN_COLUMNS
+    (row,) = by_setting["new"].rows
+    assert row.unseen.mean == pytest.approx(0.65) and row.gap.mean == pytest.approx(0.15)
+    text = to_markdown(tables)
+    assert "| fedavg | 2 | 80.00 ± 0.00 |" in text and "| 65.00 ± 7.07 | 15.00 ± 7.07 |" in text
