@@ -38,7 +38,7 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from fedmerge.config.schema import DEFAULT_CONFIG, ConfigError, apply_overrides, merge, read_yaml, validate
 from fedmerge.config.schema_docs import did_you_mean
@@ -111,6 +111,22 @@ class _Fields(_Strict):
     local_row: str = "Local"
     fedavg_row: str = "FedAvg"
     methods: list[Row] = Field(min_length=1)
+    # A confirmation study: the seeds on which its settings were explored (grids, chosen points, data
+    # sizes). Its own seeds must be fresh: none of them may have informed any choice.
+    explored_on: list[int] = []
+    confirms: str | None = None  # the exploration study (and revision) whose chosen points it runs
+
+    @model_validator(mode="after")
+    def _fresh_seeds(self) -> _Fields:
+        used = set(self.seeds) | ({self.tune_seed} if self.tune_seed is not None else set())
+        if self.explored_on and used & set(self.explored_on):
+            raise ValueError(
+                f"seeds {sorted(used & set(self.explored_on))} explored this study's settings (explored_on); "
+                "a confirmation runs on fresh seeds only"
+            )
+        if self.explored_on and any(len(m.points()) != 1 for m in self.methods):
+            raise ValueError("a confirmation study (explored_on) runs one chosen point per row, not a grid to tune")
+        return self
 
 
 class Study(_Fields):
