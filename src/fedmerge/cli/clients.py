@@ -11,6 +11,7 @@ from fedmerge.cli.app import (
     app,
     err,
     fail,
+    notice,
     out,
     reason,
     split_args,
@@ -29,7 +30,7 @@ def partition(
 
     config_path, overrides = split_args(args)
     try:
-        data = load_data(load_config(config_path, overrides))
+        data = load_data(load_config(config_path, overrides), notice)
     except user_errors() as exc:
         fail(str(exc), 2)
     out.print(data.summary_table(), highlight=False)

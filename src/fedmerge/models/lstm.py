@@ -15,6 +15,8 @@ from .registry import MODELS, Classifier
 class CharLSTM(Classifier):
     """embedding -> stacked LSTM -> ``classifier`` on the last time step's output."""
 
+    reads_tokens = True  # int64 token ids: float features or pixels are refused before a run (run/prepare.py)
+
     def __init__(self, vocab_size: int, num_classes: int, embed_dim: int, hidden: int, num_layers: int) -> None:
         super().__init__()
         self.embedding = nn.Embedding(vocab_size, embed_dim)

@@ -14,7 +14,7 @@ import torch
 from pydantic import BaseModel
 
 from fedmerge.algorithms import Algorithm
-from fedmerge.config.schema import to_yaml
+from fedmerge.config.schema import dataset_label, to_yaml
 from fedmerge.core.checkpoint import (
     Checkpoint,
     save_checkpoint,
@@ -143,7 +143,7 @@ def record_rounds(
     info = {
         "name": cfg.name,
         "algorithm": cfg.algorithm.name,
-        "dataset": cfg.dataset.name,
+        "dataset": dataset_label(cfg.dataset),
         "partition": cfg.partition.name,
         "model": cfg.model.name,
         "num_clients": num_clients,

@@ -100,7 +100,7 @@ def run_experiment(
         tokens = cfg.dataset.token_length()
         if tokens is not None:
             check_compatibility(cfg, torch.ones(2, tokens, dtype=torch.int64), 2, device)
-        data = (load_data(cfg) if data is None else data).to(device)
+        data = (load_data(cfg, notify) if data is None else data).to(device)
         if withhold_test:
             data = without_test(data)
         sample = next(c.x_train[:2] for c in data.clients if c.n_train)
