@@ -66,7 +66,9 @@ def record_rounds(
     groups: list[int | None],
     segment: Segment,
     client_store: StateStore | None = None,
+    num_classes: int | None = None,
 ) -> RunResult:
+    """``num_classes``: a classifier's class count, for the summary's divergence check (None: not a classifier)."""
     num_clients = len(groups)
     schedule = Schedule(cfg.rounds, num_clients, cfg.participation, cfg.eval_every, cfg.seed, cfg.eval_clients)
 
@@ -153,9 +155,13 @@ def record_rounds(
         "client_groups": groups if all(g is not None for g in groups) else None,
         "wall_seconds": time.perf_counter() - t_start,
     }
+    if num_classes is not None:
+        info["num_classes"] = num_classes
     if hasattr(algorithm, "privacy_summary"):  # privacy: the guarantees spent (per client for DP-SGD)
         info["privacy"] = algorithm.privacy_summary(state)
     summary = build_summary(rows, info)
+    if "diverged" in summary:
+        segment.notify(f"warning: {summary['diverged']}")
     store.write_summary(summary, summary_markdown(summary))
     return RunResult(store.dir, summary, state)
 

@@ -15,7 +15,7 @@ from fedmerge.config.tuned import load_tuned_config
 from fedmerge.data import FederatedDataset
 from fedmerge.engines.memory import keep_freed_memory
 from fedmerge.engines.vectorized import vectorize_problem
-from fedmerge.engines.workers import set_threads, workers_problem
+from fedmerge.engines.workers import available_cores, set_threads, workers_problem
 from fedmerge.models import build_model
 from fedmerge.run.engine_setup import (
     client_store,
@@ -81,6 +81,8 @@ def run_experiment(
     device = resolve_device(cfg.device)
     if (problem := workers_problem(cfg.workers, cfg.threads, device, cfg.engine)) is not None:
         raise ConfigError(problem)
+    if cfg.workers > 1 and cfg.workers > available_cores():  # allowed (the same numbers), but slower
+        notify(f"warning: workers={cfg.workers} is more than the {available_cores()} cores; they slow each other")
     set_threads(cfg.threads)
     if cfg.keep_freed_memory:
         keep_freed_memory()  # forked workers inherit it
@@ -140,12 +142,17 @@ def run_experiment(
     if federation is not None:
         (store.dir / "federation.json").write_text(json.dumps(federation_summary(federation), indent=1) + "\n")
         federation.pooled_test = pooled
-    with (
-        client_store(cfg, store) as states,
-        open_engine(cfg, data, model, device, grid, states, federation) as engine,
-    ):
-        segment = Segment(resume, ckpt, show_progress, stop_after, notify)
-        return record_rounds(cfg, store, algorithm, model, engine, device, groups, segment, states)
+    try:
+        with (
+            client_store(cfg, store) as states,
+            open_engine(cfg, data, model, device, grid, states, federation) as engine,
+        ):
+            segment = Segment(resume, ckpt, show_progress, stop_after, notify)
+            classes = None if hasattr(model, "task_loss") else num_classes  # a causal LM is not a classifier
+            return record_rounds(cfg, store, algorithm, model, engine, device, groups, segment, states, classes)
+    except (KeyboardInterrupt, OSError) as exc:  # Ctrl-C, a full disk: the caller says how to continue this run
+        exc.run_dir = store.dir  # type: ignore[union-attr]
+        raise
 
 
 def run_from_files(
