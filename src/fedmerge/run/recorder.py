@@ -141,6 +141,8 @@ def record_rounds(
         except Stopped:
             return RunResult(store.dir, {}, state)
 
+    for line in getattr(algorithm, "run_warnings", lambda s, r: [])(state, cfg.rounds):  # e.g. FedMerge's
+        segment.notify(f"warning: {line}")
     rows = store.read_metrics()
     info = {
         "name": cfg.name,
