@@ -318,7 +318,7 @@ def test_resume_refuses_when_latest_json_is_gone_and_names_the_newest_checkpoint
     hint = f"fedmerge run --resume {tmp_path / 'cut'} --checkpoint round-000003.safetensors"
     assert "newest: round-000003.safetensors" in str(err.value) and hint in str(err.value)
     result = CliRunner().invoke(app, ["run", "--resume", str(tmp_path / "cut"), "--no-progress"])
-    assert result.exit_code == 1 and hint in result.output
+    assert result.exit_code == 2 and hint in result.output  # a damaged run folder is an input error
 
     # following the hint continues from round 3 and ends as the uninterrupted run
     from helpers import assert_runs_identical
@@ -445,7 +445,7 @@ def test_run_folder_is_named_after_the_resolved_config(tmp_path):
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     (run_dir,) = (tmp_path / "runs").iterdir()
-    assert run_dir.name.startswith("fedprox-npz-")
+    assert run_dir.name.startswith("fedprox-d-")  # a user's file is named by its stem, not by its loader
 
 
 def test_a_bug_prints_one_error_and_saves_the_traceback(tmp_path, monkeypatch, capsys):

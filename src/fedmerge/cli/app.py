@@ -77,7 +77,7 @@ def system_problem(exc: BaseException) -> str | None:
     if not isinstance(exc, OSError) or exc.errno not in SYSTEM_ERRNOS:
         return None
     fix = "free some space" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else "choose a writable place"
-    return f"{reason(exc)}; {fix}"
+    return f"{reason(exc)} ({fix})"
 
 
 def stopped_run(exc: BaseException, what: str) -> str:

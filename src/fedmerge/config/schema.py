@@ -176,6 +176,10 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     return key.split("."), value
 
 
+# the loaders of a user's own files (data/sources/user_files.py), which infer_dataset_name picks from
+USER_FILE_DATASETS = ("npz", "csv", "image_folder")
+
+
 def infer_dataset_name(path: str) -> str | None:
     """The user-data loader a bare ``dataset.path=...`` most likely means."""
     lower = path.lower()
@@ -323,7 +327,7 @@ def dataset_label(section: Any) -> str:
     if not isinstance(section, dict):
         return "?"
     path = section.get("path")
-    if isinstance(path, str) and path.strip():
+    if section.get("name") in USER_FILE_DATASETS and isinstance(path, str) and path.strip():
         file = Path(path.rstrip("/\\"))
         stem = file.name if section.get("name") == "image_folder" else file.stem
         stem = re.sub(r"[^A-Za-z0-9_.+-]+", "_", stem).strip("._")
