@@ -36,7 +36,7 @@ def class_labels(values: np.ndarray, where: str, fix: str) -> tuple[np.ndarray, 
     codes, names = encode_labels(values)
     numeric = values.dtype.kind in "biuf"
     fractional = values[values != np.round(values)] if values.dtype.kind == "f" else values[:0]
-    if len(names) > max(len(values) // 2, 1):
+    if len(values) >= 20 and len(names) > len(values) // 2:  # a handful of rows says too little to judge
         example = f"e.g. {fractional[0]:g}, not a whole number" if fractional.size else f"e.g. {names[0]!r}"
         raise ValueError(
             f"{where}: {len(names)} distinct labels for {len(values)} samples ({example}): fewer than 2 samples per "
