@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 
 import torch
@@ -25,30 +26,38 @@ def resolve_device(name: str) -> torch.device:
         raise ConfigError(str(exc)) from None
 
 
-def load_data(cfg: BaseModel, notify: Callable[[str], None] | None = None) -> FederatedDataset:
-    """The partitioned data of ``cfg``; data that loads but is most likely not meant (a loader's
-    :class:`DataWarning`, a single class) goes to ``notify`` as one ``warning:`` line each."""
+def load_data(cfg: BaseModel) -> FederatedDataset:
+    """The partitioned data of ``cfg``. Data that loads but is most likely not meant (a loader's flags, a
+    single class) raises a :class:`DataWarning`: :func:`data_warnings` turns it into one line."""
     try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", DataWarning)
-            data = build_federated_dataset(cfg.dataset, cfg.partition, cfg.split, cfg.noise, cfg.seed)
+        data = build_federated_dataset(cfg.dataset, cfg.partition, cfg.split, cfg.noise, cfg.seed)
     except DataUnavailable:
         raise
     except ValueError as exc:  # impossible values only known once the data is loaded
         raise ConfigError(str(exc).splitlines()[0]) from None
-    lines = [str(w.message) for w in caught if issubclass(w.category, DataWarning)]
-    for w in caught:  # the others as they would have been shown
-        if not issubclass(w.category, DataWarning):
-            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     if data.num_classes == 1:
         name = f" ({data.class_names[0]!r})" if data.class_names else ""
-        lines.append(
+        warnings.warn(
             f"dataset {data.name!r} has a single class{name}: every prediction is right, so accuracy is 1.0 by "
-            "construction; check the labels (dataset.label_column for a CSV)"
+            "construction; check the labels (dataset.label_column for a CSV)",
+            DataWarning,
+            stacklevel=2,
         )
-    for line in lines:
-        (notify or (lambda message: None))(f"warning: {line}")
     return data
+
+
+@contextmanager
+def data_warnings(notify: Callable[[str], None]) -> Iterator[None]:
+    """Each :class:`DataWarning` raised inside goes to ``notify`` as one ``warning:`` line; other warnings
+    are shown as they would have been."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", DataWarning)
+        yield
+    for w in caught:
+        if issubclass(w.category, DataWarning):
+            notify(f"warning: {w.message}")
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
 
 
 def describe_inputs(x: torch.Tensor) -> str:

@@ -25,7 +25,7 @@ from fedmerge.run.engine_setup import (
     require_flower,
     server_test,
 )
-from fedmerge.run.prepare import check_compatibility, load_data, resolve_device, without_test
+from fedmerge.run.prepare import check_compatibility, data_warnings, load_data, resolve_device, without_test
 from fedmerge.run.recorder import Notify, RunResult, Segment, record_rounds
 from fedmerge.run.results import CONFIG_FILE, RunStore, new_run_dir
 from fedmerge.run.resume import RESUME_OVERRIDABLE, resume_checkpoint
@@ -102,7 +102,10 @@ def run_experiment(
         tokens = cfg.dataset.token_length()
         if tokens is not None:
             check_compatibility(cfg, torch.ones(2, tokens, dtype=torch.int64), 2, device)
-        data = (load_data(cfg, notify) if data is None else data).to(device)
+        if data is None:
+            with data_warnings(notify):
+                data = load_data(cfg)
+        data = data.to(device)
         if withhold_test:
             data = without_test(data)
         sample = next(c.x_train[:2] for c in data.clients if c.n_train)
