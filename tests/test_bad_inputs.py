@@ -425,7 +425,7 @@ def test_fedmerge_warns_when_its_merge_weights_did_not_move(tmp_path):
     logits = torch.zeros(3, 5, dtype=torch.float64)
     assert fedmerge.run_warnings(ServerState({"logits": logits}), 30) == [
         "fedmerge's merge weights barely moved from the uniform 1/5 = 0.20 (all within 0.20-0.20 after 30 rounds): "
-        "raise algorithm.logit_lr (now 0.01; 0.1 did better in our studies) or run more rounds"
+        "raise algorithm.logit_lr (now 0.01; try 0.1, or tune it) or run more rounds"
     ]
     logits[1, 2] = edge - 1e-6
     assert len(fedmerge.run_warnings(ServerState({"logits": logits}), 30)) == 1

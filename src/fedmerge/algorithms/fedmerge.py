@@ -363,7 +363,7 @@ class FedMerge(Algorithm):
         return [
             f"fedmerge's merge weights barely moved from the uniform 1/{d} = {1 / d:.2f} (all within "
             f"{float(w.min()):.2f}-{float(w.max()):.2f} after {rounds} rounds): raise algorithm.logit_lr (now "
-            f"{cfg.logit_lr:g}; 0.1 did better in our studies) or run more rounds"
+            f"{cfg.logit_lr:g}; try 0.1, or tune it) or run more rounds"
         ]
 
     def server_report(self, state: ServerState, rnd: int) -> dict[str, Any]:
