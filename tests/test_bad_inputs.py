@@ -290,7 +290,7 @@ def test_a_path_whose_loader_cannot_be_told_names_dataset_name(tmp_path):
     path.write_text("".join(f"{'AB'[i % 2]},{i % 7},{i % 5}\n" for i in range(60)))
     assert one_error(invoke("run", f"dataset.path={path}", f"output_dir={tmp_path}", *FAST)) == (
         "dataset.path: cannot tell the loader from 'letter.data'; add dataset.name=csv (a delimited table, e.g. "
-        "UCI's .data), dataset.name=npz or dataset.name=image_folder"
+        "UCI's .data), dataset.name=npz, dataset.name=image_folder, or another loader of fedmerge list dataset"
     )
     assert one_error(invoke("run", f"dataset.path={tmp_path / 'gone'}")) == (
         f"dataset.path: no such file or folder: {tmp_path / 'gone'}"

@@ -209,7 +209,8 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         elif not accepts_path:
             raise ConfigError(
                 f"dataset.path: cannot tell the loader from {Path(path).name!r}; add dataset.name=csv (a delimited "
-                "table, e.g. UCI's .data), dataset.name=npz or dataset.name=image_folder"
+                "table, e.g. UCI's .data), dataset.name=npz, dataset.name=image_folder, or another loader of "
+                "fedmerge list dataset"
             )
     given: dict[str, set[str]] = {}  # per section, the keys these overrides set: a later name switch keeps them
     for text in overrides:
