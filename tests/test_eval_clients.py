@@ -73,9 +73,18 @@ def test_sample_gives_the_same_numbers_on_one_and_two_workers(tmp_path):
     assert len(evaluated(one.run_dir)[0]) == 3
 
 
-@pytest.mark.parametrize("value", ["sample:0", "sample:x", "some", "sample:-2", "sample:1.5"])
-def test_bad_values_are_one_line_config_errors(value):
-    with pytest.raises(ConfigError, match=r"^eval_clients: expected all, participants .* sample:K") as err:
+@pytest.mark.parametrize(
+    "value, needle",
+    [
+        ("sample:0", r"^eval_clients: sample:K needs K >= 1 clients \(all: every client\)"),
+        ("sample:-2", r"^eval_clients: sample:K needs K >= 1 clients"),
+        ("sample:x", r"^eval_clients: expected all, participants .* sample:K"),
+        ("some", r"^eval_clients: expected all, participants .* sample:K"),
+        ("sample:1.5", r"^eval_clients: expected all, participants .* sample:K"),
+    ],
+)
+def test_bad_values_are_one_line_config_errors(value, needle):
+    with pytest.raises(ConfigError, match=needle) as err:
         load_config(None, [f"eval_clients={value}"])
     assert "\n" not in str(err.value)
 

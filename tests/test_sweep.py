@@ -210,7 +210,8 @@ def test_sweep_runs_in_parallel_skips_finished_resumes_stopped_and_records_failu
         "local__s0": DONE,
         "local__s1": FAILED,
     }
-    assert "is corrupt or truncated" in records["local__s1"].error and records["local__s1"].error.endswith("(exit 1)")
+    assert "is corrupt or truncated" in records["local__s1"].error
+    assert records["local__s1"].error.endswith("(exit 2)")  # a damaged checkpoint is an input error
     assert json.loads((out / "runs" / "local__s0" / "summary.json").read_text())["rounds_completed"] == 2
     md = (out / "results.md").read_text()
     assert "| local | 1 (1 failed) |" in md and "| fedavg | 2 |" in md

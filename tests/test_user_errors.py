@@ -43,7 +43,33 @@ def bad_invocations(tmp: Path, run_dir: Path) -> list[list[str]]:
     (tmp / "no_header.csv").write_text("1,2,0\n3,4,1\n")
     (tmp / "latin1.csv").write_bytes("a,b,label\n1,2,caf\xe9\n".encode("latin-1"))
     (tmp / "latin1_late.csv").write_bytes(b"a,b,label\n" + b"1,2,0\n" * 5000 + b"1,2,caf\xe9\n")  # past one read
+    # issue #41: a regression target, a UCI .data file, a token model on a table, broken and empty image classes
+    np.savez(tmp / "continuous.npz", x=np.zeros((60, 2)), y=np.linspace(0.01, 0.6, 60))
+    (tmp / "letter.data").write_text("A,1,2\nB,3,4\n" * 30)
+    (tmp / "table.csv").write_text("a,b,label\n" + "1,2,0\n3,4,1\n" * 30)
+    from PIL import Image
+
+    for name in ("broken", "no_image", "empty_class"):
+        for label in ("a", "b"):
+            (tmp / name / label).mkdir(parents=True)
+            for i in range(5):
+                Image.new("RGB", (4, 4)).save(tmp / name / label / f"{i}.png")
+    (tmp / "broken" / "a" / "cut.jpg").write_bytes(b"\xff\xd8\xff\xe0" + b"\x00" * 20)
+    (tmp / "no_image" / "b" / "notes.png").write_text("not a picture")
+    (tmp / "empty_class" / "c").mkdir()
+    images = ["dataset.image_size=4", "--no-progress"]
     return [
+        ["run", "algorithm.num_model=3", "algorithm.name=fedmerge"],
+        ["run", "rounds"],
+        ["run", "eval_clients=sample:0"],
+        ["run", f"dataset.path={tmp / 'continuous.npz'}", "--no-progress"],
+        ["run", "dataset.name=npz", f"dataset.path={tmp / 'empty'}"],
+        ["run", f"dataset.path={tmp / 'letter.data'}"],
+        ["run", f"dataset.path={tmp / 'table.csv'}", "model.name=lstm", "--no-progress"],
+        ["run", f"dataset.path={tmp / 'broken'}", *images],
+        ["run", f"dataset.path={tmp / 'no_image'}", *images],
+        ["run", f"dataset.path={tmp / 'empty_class'}", *images],
+        ["run", "--resume", str(tmp / "damaged")],
         ["run", str(run_dir)],
         ["run", str(tmp / "empty")],
         ["run", str(tmp / "binary.yaml")],
@@ -105,12 +131,17 @@ def bad_invocations(tmp: Path, run_dir: Path) -> list[list[str]]:
 
 
 def test_no_subcommand_shows_a_traceback_for_bad_arguments(tmp_path, finished_run):
+    import shutil
+
+    damaged = tmp_path / "damaged"  # a copy of a finished run whose latest.json is cut
+    shutil.copytree(finished_run, damaged)
+    (damaged / "checkpoints" / "latest.json").write_text('{"file": ')
     runner = CliRunner()
     for args in bad_invocations(tmp_path, finished_run):
         result = runner.invoke(app, args)
         crashed = result.exception is not None and not isinstance(result.exception, SystemExit)
-        assert not crashed, f"{args}: uncaught {result.exception!r}"
-        assert "Traceback" not in result.output, args
+        assert not crashed, f"{args}: uncaught {result.exception!r}"  # main() would call it an internal error
+        assert "Traceback" not in result.output and "internal error" not in result.output, args
         assert result.exit_code != 0, (args, result.output)
 
 
@@ -324,7 +355,7 @@ def test_resume_refuses_when_latest_json_is_gone_and_names_the_newest_checkpoint
     hint = f"fedmerge run --resume {tmp_path / 'cut'} --checkpoint round-000003.safetensors"
     assert "newest: round-000003.safetensors" in str(err.value) and hint in str(err.value)
     result = CliRunner().invoke(app, ["run", "--resume", str(tmp_path / "cut"), "--no-progress"])
-    assert result.exit_code == 1 and hint in result.output
+    assert result.exit_code == 2 and hint in result.output  # a damaged run folder is an input error
 
     # following the hint continues from round 3 and ends as the uninterrupted run
     from helpers import assert_runs_identical
@@ -375,7 +406,7 @@ def test_list_kind_name_prints_every_key_with_type_default_and_description(monke
     lines = {
         line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:5]]
         for line in result.output.splitlines()
-        if line.count("│") == 5
+        if line.count("│") == 5 and line.split("│")[1].strip()  # not a long description's continuation line
     }
     assert set(lines) == set(FedMergeConfig.model_fields) - {"name"}
     assert lines["num_models"] == ["int, >= 1", "5", "d, the number of global models on the server"]
@@ -429,7 +460,7 @@ def test_list_says_where_fedit_is():
         (["algorithm.mu=0.1"], "algorithm.mu: unknown key for algorithm 'fedavg'; it belongs to fedprox"),
         (
             ["split.val=0.1"],
-            "valid keys: val_fraction, test_fraction, test_per_client (described by: fedmerge list split)",
+            "valid keys: val_fraction, test_fraction, test_per_client, unseen_clients (described by: fedmerge list split)",
         ),
         (["algorithm.name=fedmerg"], "unknown name 'fedmerg'; did you mean fedmerge"),
     ],
@@ -454,7 +485,7 @@ def test_run_folder_is_named_after_the_resolved_config(tmp_path):
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     (run_dir,) = (tmp_path / "runs").iterdir()
-    assert run_dir.name.startswith("fedprox-npz-")
+    assert run_dir.name.startswith("fedprox-d-")  # a user's file is named by its stem, not by its loader
 
 
 def test_a_bug_prints_one_error_and_saves_the_traceback(tmp_path, monkeypatch, capsys):

@@ -111,7 +111,12 @@ class FedMergeConfig(AlgorithmConfig):
     logit_step: Literal["fixed_magnitude", "gradient"] = Field(
         "fixed_magnitude", description="fixed_magnitude: largest logit change logit_lr per round; gradient: SGD"
     )
-    logit_lr: float = Field(0.01, gt=0, description="merge-logit step (max change, or SGD learning rate)")
+    logit_lr: float = Field(
+        0.01,
+        gt=0,
+        description="merge-logit step (max change per round, or SGD lr); 0.01 barely moves the weights in 30 "
+        "rounds: try 0.1 or tune it",
+    )
     merge_grad: Literal["all", "head", "from_key", "topk"] = Field(
         "all",
         description="entries in the merge-weight inner product: all parameters, the last Linear layer (head), "
@@ -429,6 +434,21 @@ class FedMerge(Algorithm):
 
     def _merge_theta_columns(self, theta: torch.Tensor) -> torch.Tensor:
         return _columns(theta, self._merge_columns())
+
+    def run_warnings(self, state: ServerState, rounds: int) -> list[str]:
+        """One line when, after the run, no client gives any model even 1.5x the uniform share 1/d: the
+        merge weights did not move, every client trained about the same average of the d models."""
+        cfg, d = self.config, self.config.num_models
+        if cfg.merge_weights != "dynamic" or d < 2:
+            return []
+        w = merging.merge_weights(state.tensors["logits"])
+        if float(w.max()) >= 1.5 / d:
+            return []
+        return [
+            f"fedmerge's merge weights barely moved from the uniform 1/{d} = {1 / d:.2f} (all within "
+            f"{float(w.min()):.2f}-{float(w.max()):.2f} after {rounds} rounds): raise algorithm.logit_lr (now "
+            f"{cfg.logit_lr:g}; try 0.1, or tune it) or run more rounds"
+        ]
 
     def server_report(self, state: ServerState, rnd: int) -> dict[str, Any]:
         w = merging.merge_weights(state.tensors["logits"])

@@ -5,7 +5,9 @@ from __future__ import annotations
 import sys
 from importlib import import_module
 
-from fedmerge.cli.app import app, err, out, report_crash
+from rich.markup import escape
+
+from fedmerge.cli.app import app, err, out, report_crash, system_problem
 
 # Importing a command module registers its commands on ``app``; this order is the order of ``--help``.
 COMMAND_MODULES = ("run", "sweep", "study", "report", "components", "clients", "data", "livar")
@@ -24,4 +26,8 @@ def main() -> None:
         err.print("[bold red]interrupted[/]", highlight=False)
         sys.exit(130)
     except Exception as exc:  # noqa: BLE001  (anything else is a bug: no traceback on the terminal)
-        report_crash(exc)
+        problem = system_problem(exc)  # a full disk, a read-only folder: the machine's, not a bug
+        if problem is None:
+            report_crash(exc)
+        err.print(f"[bold red]error:[/] {escape(problem)}", highlight=False, soft_wrap=True)
+        sys.exit(2)

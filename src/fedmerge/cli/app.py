@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import inspect
 import sys
 from pathlib import Path
@@ -67,6 +68,26 @@ def user_errors() -> tuple[type[BaseException], ...]:
     return ConfigError, DataUnavailable
 
 
+# the machine's problems, not fedmerge's: a full disk or quota, a read-only or forbidden place
+SYSTEM_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM})
+
+
+def system_problem(exc: BaseException) -> str | None:
+    """One line for an OSError that the user's machine caused (:data:`SYSTEM_ERRNOS`), else None."""
+    if not isinstance(exc, OSError) or exc.errno not in SYSTEM_ERRNOS:
+        return None
+    fix = "free some space" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else "choose a writable place"
+    return f"{reason(exc)} ({fix})"
+
+
+def stopped_run(exc: BaseException, what: str) -> str:
+    """How to continue a run that ``exc`` stopped: its folder (set by ``run_experiment``) when it exists."""
+    run_dir = getattr(exc, "run_dir", None)
+    if run_dir is None:
+        return f"{what} before the run folder was made; nothing to resume"
+    return f"{what}; continue with: fedmerge run --resume {run_dir}"
+
+
 def reason(exc: Exception) -> str:
     """One line for an OSError or ValueError: the system's words and the path, not errno's repr."""
     if isinstance(exc, OSError) and exc.strerror:
@@ -92,10 +113,15 @@ def report_crash(exc: BaseException) -> None:
     except OSError:
         saved = "run again with FEDMERGE_TRACEBACK=1 to see the traceback"
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    run_dir = getattr(exc, "run_dir", None)
+    resume = (
+        f"The run keeps its last checkpoint: fix or report, then fedmerge run --resume {run_dir}."
+        if run_dir is not None
+        else "A run whose folder was made keeps its last checkpoint: fix or report, then fedmerge run --resume it."
+    )
     err.print(
         f"[bold red]internal error:[/] {escape(type(exc).__name__)}: {escape(first)}\n"
-        f"This is a bug in fedmerge, not in your input; {escape(saved)}. A run that was under way "
-        "keeps its last checkpoint: fix or report, then fedmerge run --resume RUN_DIR.",
+        f"This is a bug in fedmerge, not in your input; {escape(saved)}. {escape(resume)}",
         highlight=False,
         soft_wrap=True,
     )

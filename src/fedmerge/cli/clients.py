@@ -11,6 +11,7 @@ from fedmerge.cli.app import (
     app,
     err,
     fail,
+    notice,
     out,
     reason,
     split_args,
@@ -25,11 +26,12 @@ def partition(
 ) -> None:
     """Print (and optionally plot) how a config splits the data among clients."""
     from fedmerge.config.schema import load_config
-    from fedmerge.run.prepare import load_data
+    from fedmerge.run.prepare import data_warnings, load_data
 
     config_path, overrides = split_args(args)
     try:
-        data = load_data(load_config(config_path, overrides))
+        with data_warnings(notice):
+            data = load_data(load_config(config_path, overrides))
     except user_errors() as exc:
         fail(str(exc), 2)
     out.print(data.summary_table(), highlight=False)

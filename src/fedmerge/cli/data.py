@@ -37,7 +37,7 @@ def folder_size(folder: Path) -> int:
 @data_app.command("fetch")
 def fetch(
     name: str = typer.Argument(..., help=f"one of: {', '.join(CATALOG.names())}"),
-    dir: Path | None = typer.Option(None, "--dir", help=DIR_HELP),  # noqa: A002
+    dir: Path | None = typer.Option(None, "--data-dir", "--dir", help=DIR_HELP),  # noqa: A002
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bars"),
 ) -> None:
     """Download NAME's files, verify each against its pinned checksum, keep them in the cache."""
@@ -51,7 +51,7 @@ def fetch(
 
 @data_app.command("list")
 def list_(
-    dir: Path | None = typer.Option(None, "--dir", help=DIR_HELP),  # noqa: A002
+    dir: Path | None = typer.Option(None, "--data-dir", "--dir", help=DIR_HELP),  # noqa: A002
     verify: bool = typer.Option(False, "--verify", help="also check every cached file's checksum (reads them all)"),
 ) -> None:
     """Known datasets: cached or not, size, where, licence."""

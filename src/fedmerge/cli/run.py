@@ -15,6 +15,8 @@ from fedmerge.cli.app import (
     notice,
     out,
     split_args,
+    stopped_run,
+    system_problem,
     user_errors,
 )
 
@@ -62,14 +64,24 @@ def run(
             run_dir=str(run_dir) if run_dir else None,
             tuned=str(tuned) if tuned else None,
         )
-    except user_errors() as exc:
+    except (*user_errors(), CheckpointError, StateStoreError) as exc:  # a damaged checkpoint is an input too
         fail(str(exc), 2)
-    except (CheckpointError, StateStoreError, RoundFailed) as exc:
+    except RoundFailed as exc:
         fail(str(exc), 1)
-    except KeyboardInterrupt:
-        fail("interrupted; continue with: fedmerge run --resume RUN_DIR", 130)
+    except KeyboardInterrupt as exc:
+        fail(stopped_run(exc if resume is None else _in(exc, resume), "interrupted"), 130)
+    except OSError as exc:
+        if (problem := system_problem(exc)) is None:
+            raise
+        fail(stopped_run(exc if resume is None else _in(exc, resume), problem), 2)
     print_summary(result.summary)
     out.print(f"results in [bold]{result.run_dir}[/]", soft_wrap=True, highlight=False)
+
+
+def _in(exc: BaseException, run_dir: Path) -> BaseException:
+    """``exc`` with the folder of the run being resumed, which exists whatever the point of failure."""
+    exc.run_dir = run_dir  # type: ignore[attr-defined]
+    return exc
 
 
 def print_summary(summary: dict[str, Any]) -> None:

@@ -30,7 +30,10 @@ SWEEP_ARGS = typer.Argument(
 def sweep(
     args: list[str] = SWEEP_ARGS,
     jobs: int = typer.Option(1, "--jobs", "-j", min=1, help="runs at a time, each in its own process"),
-    out_dir: Path | None = typer.Option(None, "--out", help="sweep folder (default OUTPUT_DIR/sweeps/NAME)"),
+    out_dir: Path | None = typer.Option(None, "--out", help="create the sweep in exactly this folder"),
+    output_dir: str | None = typer.Option(
+        None, "--output-dir", help="the folder in which the sweep folder is named (OUTPUT_DIR/sweeps/NAME)"
+    ),
     resume: Path | None = typer.Option(None, "--resume", help="continue the sweep in this folder"),
     tuned: Path | None = typer.Option(None, "--tuned", help="apply this fedmerge tune file's values per algorithm"),
     dry_run: bool = typer.Option(False, "--dry-run", help="list the runs and stop"),
@@ -44,11 +47,12 @@ def sweep(
 
     try:
         if resume is not None:
-            if args or tuned:
+            if args or tuned or output_dir:
                 fail("--resume SWEEP_DIR takes no other arguments: the sweep is read from its sweep.yaml", 2)
             spec, out_dir = sw.load_spec(resume), resume
         else:
-            spec = spec_from_args(list(args or []), str(tuned) if tuned else None)
+            extra = [f"output_dir={output_dir}"] if output_dir else []
+            spec = spec_from_args([*(args or []), *extra], str(tuned) if tuned else None)
         points = sw.expand(spec)
         out_dir = out_dir or sw.default_sweep_dir(spec, points)
         if dry_run:
@@ -60,7 +64,11 @@ def sweep(
     except user_errors() as exc:
         fail(str(exc), 2)
     runner = sw.SweepRunner(spec, out_dir, points, jobs)
-    notice(f"sweep of {len(points)} runs in {out_dir} ({jobs} at a time, {runner.threads} thread(s) each)")
+    chosen = all(sw.threads_chosen(spec, p) for p in points)
+    each = "threads as configured" if chosen else f"{runner.threads} thread(s) each"
+    notice(f"sweep of {len(points)} runs in {out_dir} ({jobs} at a time, {each})")
+    if jobs > sw.cores():
+        notice(f"warning: -j {jobs} runs more processes at a time than the {sw.cores()} cores; they slow each other")
     try:
         with SweepProgress(runner, live=progress and err.is_terminal, console=err) as display:
             outcomes = runner.run(display.update)
@@ -87,6 +95,8 @@ def _print_tables(tables: list[Any]) -> None:
         out.print(table)
         for r in t.failures:
             out.print(f"failed: {r.key}: {escape(r.error or '')}", highlight=False, soft_wrap=True)
+        for r in t.diverged:
+            out.print(f"warning: {r.key}: {escape(r.summary['diverged'])}", highlight=False, soft_wrap=True)
 
 
 @app.command()
@@ -97,7 +107,10 @@ def tune(
         help="a config and overrides; a list of algorithm names tunes each with the same budget",
     ),
     trials: int = typer.Option(20, "--trials", min=1, help="finished trials per method (the same for all)"),
-    out_dir: Path | None = typer.Option(None, "--out", help="study folder (default OUTPUT_DIR/tune/NAME)"),
+    out_dir: Path | None = typer.Option(None, "--out", help="create the study in exactly this folder"),
+    output_dir: str | None = typer.Option(
+        None, "--output-dir", help="the folder in which the study folder is named (OUTPUT_DIR/tune/NAME)"
+    ),
     metric: str = typer.Option("val_acc", "--metric", help="val_acc (maximised) or val_nll (minimised)"),
     space: Path | None = typer.Option(None, "--space", help="YAML: METHOD or '*': {KEY: {low, high, log}}"),
     show_space: bool = typer.Option(False, "--show-space", help="print each method's search space and stop"),
@@ -107,6 +120,7 @@ def tune(
     from fedmerge.sweep import tune as tu
 
     config_path, overrides = split_args(args)
+    overrides += [f"output_dir={output_dir}"] if output_dir else []
     if metric not in tu.METRICS:
         fail(f"--metric: expected one of {', '.join(tu.METRICS)}, got {metric!r}", 2)
     methods: list[str] = []

@@ -217,6 +217,10 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     return key.split("."), value
 
 
+# the loaders of a user's own files (data/sources/user_files.py), which infer_dataset_name picks from
+USER_FILE_DATASETS = ("npz", "csv", "image_folder")
+
+
 def infer_dataset_name(path: str) -> str | None:
     """The user-data loader a bare ``dataset.path=...`` most likely means."""
     lower = path.lower()
@@ -241,6 +245,15 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         inferred = infer_dataset_name(path)
         if not accepts_path and inferred is not None:
             overrides = [f"dataset.name={inferred}", *overrides]
+        elif not accepts_path and not Path(path).expanduser().exists():
+            raise ConfigError(f"dataset.path: no such file or folder: {path}")
+        elif not accepts_path:
+            raise ConfigError(
+                f"dataset.path: cannot tell the loader from {Path(path).name!r}; add dataset.name=csv (a delimited "
+                "table, e.g. UCI's .data), dataset.name=npz, dataset.name=image_folder, or another loader of "
+                "fedmerge list dataset"
+            )
+    given: dict[str, set[str]] = {}  # per section, the keys these overrides set: a later name switch keeps them
     for text in overrides:
         path, value = parse_override(text)
         if path == ["dataset", "data_dir"]:
@@ -254,8 +267,10 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
                 raise ConfigError(f"{'.'.join(path[: i + 1])}: is not a section, cannot set {'.'.join(path)}")
             node = child
         if path[-1] == "name" and len(path) == 2 and node.get("name") != value:
-            _switch_component(path[0], node, value)
+            _switch_component(path[0], node, value, keep=given.get(path[0], set()))
         node[path[-1]] = value
+        if len(path) == 2:
+            given.setdefault(path[0], set()).add(path[1])
     return data
 
 
@@ -267,14 +282,16 @@ COMPONENT_SECTIONS: dict[str, Registry] = {
 }
 
 
-def _switch_component(section: str, node: dict[str, Any], new_name: Any) -> None:
+def _switch_component(section: str, node: dict[str, Any], new_name: Any, keep: set[str]) -> None:
     """On ``section.name=other``, keep only the fields the new component also accepts
-    (e.g. lr and batch_size survive fedavg -> fedprox; alpha does not survive dirichlet -> iid)."""
+    (e.g. lr and batch_size survive fedavg -> fedprox; alpha does not survive dirichlet -> iid), and the
+    ``keep`` keys the user gave on the same command line, so that validation refuses a typo given
+    before the name (``algorithm.num_model=3 algorithm.name=fedmerge``) instead of dropping it."""
     registry = COMPONENT_SECTIONS.get(section)
     if registry is None or not isinstance(new_name, str) or new_name not in registry:
         return  # validation reports the bad name
     accepted = registry.get(new_name).config.model_fields
-    for key in [k for k in node if k not in accepted]:
+    for key in [k for k in node if k not in accepted and k not in keep]:
         del node[key]
 
 
@@ -292,6 +309,10 @@ def _data_dir_key(section: dict[str, Any]) -> list[str]:
 
 def read_yaml(path: Path, what: str = "config file") -> dict[str, Any]:
     if not path.exists():
+        key = re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", str(path))
+        if what == "config file" and key and path.suffix.lower() not in (".yaml", ".yml"):
+            # `fedmerge run rounds`: most likely an override without its value
+            raise ConfigError(f"{what} {path} does not exist; if {path} is a key, give it a value: {path}=VALUE")
         raise ConfigError(f"{what} {path} does not exist")
     if path.is_dir():
         if (path / CONFIG_FILE).is_file():  # a run folder: the user most likely meant to continue it
@@ -366,9 +387,29 @@ def validate(data: dict[str, Any], builtin_algorithm: frozenset[str] = frozenset
         raise ConfigError(format_validation_error(exc, data)) from None
 
 
+def dataset_label(section: Any) -> str:
+    """How runs, settings and reports name a dataset: a user's file by its stem (two CSV files are told
+    apart: ``letter``, not ``csv``), any other by its registered name."""
+    section = section.model_dump() if isinstance(section, BaseModel) else section
+    if not isinstance(section, dict):
+        return "?"
+    path = section.get("path")
+    if section.get("name") in USER_FILE_DATASETS and isinstance(path, str) and path.strip():
+        file = Path(path.rstrip("/\\"))
+        stem = file.name if section.get("name") == "image_folder" else file.stem
+        stem = re.sub(r"[^A-Za-z0-9_.+-]+", "_", stem).strip("._")
+        if stem:
+            return stem
+    return str(section.get("name", "?"))
+
+
 def default_name(data: dict[str, Any]) -> str:
     """``ALGORITHM-DATASET`` of the resolved config: a run folder's name unless ``name`` is given."""
-    parts = [(data.get(section) or {}).get("name") for section in ("algorithm", "dataset")]
+    algorithm, dataset = data.get("algorithm"), data.get("dataset")
+    parts = [
+        algorithm.get("name") if isinstance(algorithm, dict) else None,
+        dataset_label(dataset) if isinstance(dataset, dict) and dataset.get("name") else None,
+    ]
     parts = [p for p in parts if isinstance(p, str) and p]
     name = "-".join(parts) or "experiment"
     return name if RUN_NAME.fullmatch(name) else "experiment"  # a bad component name is reported by validation

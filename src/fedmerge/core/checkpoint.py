@@ -25,6 +25,7 @@ to ``c`` (:meth:`StateStore.rewind`): versions of rounds never checkpointed are 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -53,13 +54,24 @@ class Checkpoint:
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """``path`` holds either its old content or ``data``, never part of it; a write that fails (a full disk)
+    leaves no temporary file behind."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as fh:
+    try:
+        _write_synced(tmp, data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    _fsync_dir(path.parent)
+
+
+def _write_synced(path: Path, data: bytes) -> None:
+    with open(path, "wb") as fh:
         fh.write(data)
         fh.flush()
         os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
 
 
 def _fsync_dir(folder: Path) -> None:

@@ -70,6 +70,8 @@ def parse_eval_clients(text: str) -> tuple[str, int]:
     kind, sep, count = text.partition(":")
     if kind == "sample" and sep and count.isdigit() and int(count) > 0:
         return "sample", int(count)
+    if kind == "sample" and sep and count.strip().lstrip("+-").isdigit():
+        raise ValueError("sample:K needs K >= 1 clients (all: every client)")
     raise ValueError(f"expected {EVAL_CLIENTS_HELP}")
 
 

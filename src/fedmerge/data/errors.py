@@ -10,3 +10,8 @@ class DataUnavailable(RuntimeError):
 class ClientFileError(DataUnavailable):
     """An exported client file (``fedmerge export-clients``) is missing, damaged, not one, or does not
     agree with the other nodes' files. A DataUnavailable: every user-error handler shows it in one line."""
+
+
+class DataWarning(UserWarning):
+    """Data that loads but is most likely not what the user meant (e.g. one class); a run prints it as one
+    ``warning:`` line."""

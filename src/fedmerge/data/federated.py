@@ -113,7 +113,16 @@ class FederatedDataset:
             for s in self.summary()
         ]
         title = f"{self.name}: {self.num_clients} clients, {self.num_classes} classes, input {self.input_shape}"
-        return "\n".join([title, head, *rows])
+        names = self.named_classes()
+        legend = [f"classes: {', '.join(f'{k}={n}' for k, n in enumerate(names))}"] if names else []
+        return "\n".join([title, *legend, head, *rows])
+
+    def named_classes(self) -> list[str] | None:
+        """The label names the data holds (``letter``'s A..Z), None when they are only the indices 0..C-1."""
+        names = self.class_names
+        if names is None or [str(n) for n in names] == [str(k) for k in range(self.num_classes)]:
+            return None
+        return [str(n) for n in names]
 
     def class_counts(self) -> np.ndarray:
         """``clients x classes`` sample counts over all splits, with the true (clean) train labels."""
@@ -139,6 +148,7 @@ class FederatedDataset:
 
         # A bare Figure with the Agg canvas: no pyplot, so the caller's global backend is untouched.
         counts = self.class_counts()
+        names = self.named_classes()
         groups = [c.group for c in self.clients]
         grouped = all(g is not None for g in groups)
         order = np.argsort(np.asarray(groups), kind="stable") if grouped else np.arange(self.num_clients)
@@ -149,7 +159,8 @@ class FederatedDataset:
         bottom = np.zeros(self.num_clients)
         pos = np.arange(self.num_clients)
         for k in range(self.num_classes):
-            ax.bar(pos, counts[order, k], bottom=bottom, width=0.85, color=colors[k], label=str(k))
+            label = str(k) if names is None else names[k]
+            ax.bar(pos, counts[order, k], bottom=bottom, width=0.85, color=colors[k], label=label)
             bottom = bottom + counts[order, k]  # a new array: bar() may keep a reference to the old one
         ax.margins(x=0.01)
         # explicit: the empty segments on top of each bar are "sticky" and would cancel a y margin

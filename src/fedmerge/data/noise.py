@@ -11,7 +11,9 @@ from pydantic import BaseModel, ConfigDict, Field
 class NoiseConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    kind: Literal["none", "symmetric", "pair"] = "none"
+    kind: Literal["none", "symmetric", "pair"] = Field(
+        "none", description="symmetric: a flipped label becomes any other class; pair: the next class"
+    )
     rate: float = Field(0.0, ge=0, lt=1, description="fraction of each client's train labels flipped")
 
 

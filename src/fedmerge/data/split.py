@@ -14,8 +14,8 @@ from pydantic import (
 class SplitConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    val_fraction: float = Field(0.1, ge=0, lt=1)
-    test_fraction: float = Field(0.2, gt=0, lt=1)
+    val_fraction: float = Field(0.1, ge=0, lt=1, description="fraction of each client's samples for validation")
+    test_fraction: float = Field(0.2, gt=0, lt=1, description="fraction of each client's samples for testing")
     test_per_client: int | None = Field(
         None,
         ge=1,

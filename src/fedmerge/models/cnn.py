@@ -48,8 +48,8 @@ class TwoCNN(Classifier):
 
 class TwoCNNConfig(ComponentConfig):
     name: Literal["twocnn"] = "twocnn"
-    channels: tuple[int, int] = (32, 64)
-    hidden: int = Field(default=512, ge=1)
+    channels: tuple[int, int] = Field(default=(32, 64), description="output channels of the two convolutions")
+    hidden: int = Field(default=512, ge=1, description="width of the fully connected layer")
     bias: bool = Field(default=True, description="SuPerFed builds its models without biases")
 
 

@@ -15,6 +15,8 @@ from .registry import MODELS, Classifier
 class CharLSTM(Classifier):
     """embedding -> stacked LSTM -> ``classifier`` on the last time step's output."""
 
+    reads_tokens = True  # int64 token ids: float features or pixels are refused before a run (run/prepare.py)
+
     def __init__(self, vocab_size: int, num_classes: int, embed_dim: int, hidden: int, num_layers: int) -> None:
         super().__init__()
         self.embedding = nn.Embedding(vocab_size, embed_dim)
@@ -29,9 +31,9 @@ class CharLSTM(Classifier):
 
 class LSTMConfig(ComponentConfig):
     name: Literal["lstm"] = "lstm"
-    embed_dim: int = Field(default=8, ge=1)
-    hidden: int = Field(default=256, ge=1)
-    num_layers: int = Field(default=2, ge=1)
+    embed_dim: int = Field(default=8, ge=1, description="size of each token's embedding")
+    hidden: int = Field(default=256, ge=1, description="LSTM state size")
+    num_layers: int = Field(default=2, ge=1, description="stacked LSTM layers")
     vocab_size: int | None = Field(default=None, ge=1, description="input vocabulary; None = num_classes")
 
 

@@ -33,12 +33,12 @@ class MLP(Classifier):
 class MLPConfig(ComponentConfig):
     name: Literal["mlp"] = "mlp"
     hidden: tuple[int, ...] = Field(default=(200,), description="hidden layer widths; empty = linear model")
-    bias: bool = True
+    bias: bool = Field(default=True, description="whether every layer adds a bias (SuPerFed's models have none)")
 
 
 class TwoNNConfig(ComponentConfig):
     name: Literal["twonn"] = "twonn"
-    hidden: int = Field(default=200, ge=1)
+    hidden: int = Field(default=200, ge=1, description="width of each of the two hidden layers")
     bias: bool = Field(default=True, description="SuPerFed builds its models without biases")
 
 

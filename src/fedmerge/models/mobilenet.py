@@ -107,12 +107,12 @@ class MobileNetV2(Classifier):
 
 class MobileNetV1Config(ComponentConfig):
     name: Literal["mobilenet_v1"] = "mobilenet_v1"
-    width_multiplier: float = Field(default=1.0, gt=0)
+    width_multiplier: float = Field(default=1.0, gt=0, description="scales every layer's channel count")
 
 
 class MobileNetV2Config(ComponentConfig):
     name: Literal["mobilenet_v2"] = "mobilenet_v2"
-    width_multiplier: float = Field(default=1.0, gt=0)
+    width_multiplier: float = Field(default=1.0, gt=0, description="scales every layer's channel count")
 
 
 @MODELS.register("mobilenet_v1", config=MobileNetV1Config, description="CIFAR-style MobileNet v1 (stride-1 stem)")

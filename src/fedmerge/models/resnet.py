@@ -103,7 +103,7 @@ class ResNet(Classifier):
 
 class ResNet9Config(ComponentConfig):
     name: Literal["resnet9"] = "resnet9"
-    widths: tuple[int, ...] = Field(default=(8, 16, 32, 64), min_length=1)
+    widths: tuple[int, ...] = Field(default=(8, 16, 32, 64), min_length=1, description="channels of each stage")
 
 
 @MODELS.register(

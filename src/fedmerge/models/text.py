@@ -85,6 +85,8 @@ def _load_text_encoder(spec: LoRASpec) -> tuple[nn.Module, dict[str, Any]]:
 class LoRAClassifier(LoRAAdapters, Classifier):
     """Frozen shared encoder + this instance's LoRA adapters -> mean pooling -> ``classifier``."""
 
+    reads_tokens = True  # int64 token ids
+
     def __init__(self, spec: LoRASpec, num_classes: int, pooling: Literal["mean", "cls"] = "mean") -> None:
         super().__init__()
         bb = self.init_adapters(spec)

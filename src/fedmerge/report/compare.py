@@ -65,6 +65,11 @@ class SettingTable:
         return [r for row in self.rows for r in row.runs if r.status == FAILED]
 
     @property
+    def diverged(self) -> list[RunRecord]:
+        """Finished runs whose training blew up (``summary.json``'s ``diverged``): "done", but not trained."""
+        return [r for row in self.rows for r in row.runs if r.status == DONE and (r.summary or {}).get("diverged")]
+
+    @property
     def has_unseen(self) -> bool:
         """Whether some run of the setting had clients that never trained (two more columns then)."""
         return any(row.unseen is not None for row in self.rows)
@@ -194,6 +199,8 @@ def row_cells(table: SettingTable, row: MethodRow) -> list[str]:
     done, failed = row.count(DONE), row.count(FAILED)
     others = len(row.runs) - done - failed
     seeds = f"{done}" + (f" ({failed} failed)" if failed else "") + (f" ({others} not finished)" if others else "")
+    diverged = sum(r in table.diverged for r in row.runs)
+    seeds += f" ({diverged} diverged)" if diverged else ""
     if row.method == table.best:
         p = "best"
     elif row.p_value is None:
@@ -231,6 +238,9 @@ def to_markdown(tables: list[SettingTable], title: str = "Comparison") -> str:
         if table.failures:
             lines += ["", "Failed runs:", ""]
             lines += [f"- `{r.key}` (seed {r.seed}): {r.error or 'failed'}" for r in table.failures]
+        if table.diverged:
+            lines += ["", "Diverged runs (done, but not trained):", ""]
+            lines += [f"- `{r.key}` (seed {r.seed}): {r.summary['diverged']}" for r in table.diverged]
     return "\n".join(lines) + "\n"
 
 

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import yaml
 
+from fedmerge.config.schema import dataset_label
 from fedmerge.report.compare import DONE, INCOMPLETE, RunRecord
 from fedmerge.report.plot_budget import run_setting, setting_labels
 from fedmerge.run.results import CONFIG_FILE, SUMMARY_FILE, RunStore
@@ -65,7 +66,7 @@ def loose_records(run_dirs: list[Path]) -> list[RunRecord]:
     labels = setting_labels([info[3] for info in infos])
     records = []
     for (d, config, summary, _), label in zip(infos, labels):
-        dataset = (config.get("dataset") or {}).get("name", "?")
+        dataset = dataset_label(config.get("dataset"))
         method = (config.get("algorithm") or {}).get("name", "?")
         status = DONE if summary is not None else INCOMPLETE
         records.append(RunRecord(d.name, method, f"{dataset}, {label}", int(config.get("seed", 0)), status, d, summary))

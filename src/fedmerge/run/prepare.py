@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 
 import torch
 from pydantic import BaseModel
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from fedmerge.config.schema import ConfigError
+from fedmerge.config.schema import ConfigError, dataset_label
 from fedmerge.data import DataUnavailable, FederatedDataset, build_federated_dataset
+from fedmerge.data.errors import DataWarning
 from fedmerge.engines.device import DeviceUnavailable
 from fedmerge.engines.device import resolve_device as engine_device
 from fedmerge.models import build_model
@@ -23,12 +27,37 @@ def resolve_device(name: str) -> torch.device:
 
 
 def load_data(cfg: BaseModel) -> FederatedDataset:
+    """The partitioned data of ``cfg``. Data that loads but is most likely not meant (a loader's flags, a
+    single class) raises a :class:`DataWarning`: :func:`data_warnings` turns it into one line."""
     try:
-        return build_federated_dataset(cfg.dataset, cfg.partition, cfg.split, cfg.noise, cfg.seed)
+        data = build_federated_dataset(cfg.dataset, cfg.partition, cfg.split, cfg.noise, cfg.seed)
     except DataUnavailable:
         raise
     except ValueError as exc:  # impossible values only known once the data is loaded
         raise ConfigError(str(exc).splitlines()[0]) from None
+    if data.num_classes == 1:
+        name = f" ({data.class_names[0]!r})" if data.class_names else ""
+        warnings.warn(
+            f"dataset {data.name!r} has a single class{name}: every prediction is right, so accuracy is 1.0 by "
+            "construction; check the labels (dataset.label_column for a CSV)",
+            DataWarning,
+            stacklevel=2,
+        )
+    return data
+
+
+@contextmanager
+def data_warnings(notify: Callable[[str], None]) -> Iterator[None]:
+    """Each :class:`DataWarning` raised inside goes to ``notify`` as one ``warning:`` line; other warnings
+    are shown as they would have been."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", DataWarning)
+        yield
+    for w in caught:
+        if issubclass(w.category, DataWarning):
+            notify(f"warning: {w.message}")
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
 
 
 def describe_inputs(x: torch.Tensor) -> str:
@@ -43,13 +72,17 @@ def check_compatibility(
     """Build the model for inputs like ``sample`` (a batch) and run it on them, so that a model that
     cannot read the dataset's inputs (e.g. ``mlp`` on token ids) is refused in one line before
     anything is written. Returns the model (the engine's reusable instance)."""
-    where = f"model {cfg.model.name!r} does not fit dataset {cfg.dataset.name!r} ({describe_inputs(sample)})"
+    where = f"model {cfg.model.name!r} does not fit dataset {dataset_label(cfg.dataset)!r} ({describe_inputs(sample)})"
     hint = "; token data needs model.name=minilm_lora or lstm" if not sample.is_floating_point() else ""
     try:
         model = build_model(cfg.model, tuple(sample.shape[1:]), num_classes, torch.Generator().manual_seed(0))
         model = model.to(device)
     except (ValueError, TypeError, RuntimeError) as exc:  # includes a missing optional dependency (LoRA)
         raise ConfigError(f"{where}: {first_line(exc)}{hint}") from None
+    if sample.is_floating_point() and getattr(model, "reads_tokens", False):  # else torch's "index out of range"
+        kind = "images" if sample.dim() == 4 else "tabular features"
+        fit = "a CNN (fedmerge list model)" if sample.dim() == 4 else "model.name=mlp"
+        raise ConfigError(f"{where}: it reads int64 token ids, not {kind}; use {fit}")
     was_training = model.training
     try:
         # eval mode + forked RNG: the probe changes no weight, buffer or random stream of the run

@@ -14,7 +14,7 @@ import torch
 from pydantic import BaseModel
 
 from fedmerge.algorithms import Algorithm
-from fedmerge.config.schema import to_yaml
+from fedmerge.config.schema import dataset_label, to_yaml
 from fedmerge.core.checkpoint import (
     Checkpoint,
     save_checkpoint,
@@ -67,9 +67,11 @@ def record_rounds(
     segment: Segment,
     client_store: StateStore | None = None,
     newcomers: Newcomers | None = None,
+    num_classes: int | None = None,
 ) -> RunResult:
     """``groups``: the participants' (their count is the population the schedule samples); ``newcomers``: the
-    clients that never train, onboarded at every evaluation round."""
+    clients that never train, onboarded at every evaluation round; ``num_classes``: a classifier's class count,
+    for the summary's divergence check (None: not a classifier)."""
     num_clients = len(groups)
     schedule = Schedule(cfg.rounds, num_clients, cfg.participation, cfg.eval_every, cfg.seed, cfg.eval_clients)
 
@@ -144,11 +146,13 @@ def record_rounds(
         except Stopped:
             return RunResult(store.dir, {}, state)
 
+    for line in getattr(algorithm, "run_warnings", lambda s, r: [])(state, cfg.rounds):  # e.g. FedMerge's
+        segment.notify(f"warning: {line}")
     rows = store.read_metrics()
     info = {
         "name": cfg.name,
         "algorithm": cfg.algorithm.name,
-        "dataset": cfg.dataset.name,
+        "dataset": dataset_label(cfg.dataset),
         "partition": cfg.partition.name,
         "model": cfg.model.name,
         "num_clients": num_clients,
@@ -160,9 +164,13 @@ def record_rounds(
     }
     if newcomers is not None:
         info["unseen_clients"] = {"count": len(newcomers.cids), "adapt_epochs": newcomers.adapt_epochs}
+    if num_classes is not None:
+        info["num_classes"] = num_classes
     if hasattr(algorithm, "privacy_summary"):  # privacy: the guarantees spent (per client for DP-SGD)
         info["privacy"] = algorithm.privacy_summary(state)
     summary = build_summary(rows, info)
+    if "diverged" in summary:
+        segment.notify(f"warning: {summary['diverged']}")
     store.write_summary(summary, summary_markdown(summary))
     return RunResult(store.dir, summary, state)
 

@@ -16,7 +16,7 @@ from fedmerge.core.loop import Newcomers
 from fedmerge.data import FederatedDataset
 from fedmerge.engines.memory import keep_freed_memory
 from fedmerge.engines.vectorized import vectorize_problem
-from fedmerge.engines.workers import set_threads, workers_problem
+from fedmerge.engines.workers import available_cores, set_threads, workers_problem
 from fedmerge.models import build_model
 from fedmerge.run.engine_setup import (
     client_store,
@@ -26,7 +26,7 @@ from fedmerge.run.engine_setup import (
     require_flower,
     server_test,
 )
-from fedmerge.run.prepare import check_compatibility, load_data, resolve_device, without_test
+from fedmerge.run.prepare import check_compatibility, data_warnings, load_data, resolve_device, without_test
 from fedmerge.run.recorder import Notify, RunResult, Segment, record_rounds
 from fedmerge.run.results import CONFIG_FILE, RunStore, new_run_dir
 from fedmerge.run.resume import RESUME_OVERRIDABLE, resume_checkpoint
@@ -89,6 +89,8 @@ def run_experiment(
     device = resolve_device(cfg.device)
     if (problem := workers_problem(cfg.workers, cfg.threads, device, cfg.engine)) is not None:
         raise ConfigError(problem)
+    if cfg.workers > 1 and cfg.workers > available_cores():  # allowed (the same numbers), but slower
+        notify(f"warning: workers={cfg.workers} is more than the {available_cores()} cores; they slow each other")
     set_threads(cfg.threads)
     if cfg.keep_freed_memory:
         keep_freed_memory()  # forked workers inherit it
@@ -108,7 +110,10 @@ def run_experiment(
         tokens = cfg.dataset.token_length()
         if tokens is not None:
             check_compatibility(cfg, torch.ones(2, tokens, dtype=torch.int64), 2, device)
-        data = (load_data(cfg) if data is None else data).to(device)
+        if data is None:
+            with data_warnings(notify):
+                data = load_data(cfg)
+        data = data.to(device)
         if withhold_test:
             data = without_test(data)
         sample = next(c.x_train[:2] for c in data.clients if c.n_train)
@@ -149,13 +154,20 @@ def run_experiment(
     if federation is not None:
         (store.dir / "federation.json").write_text(json.dumps(federation_summary(federation), indent=1) + "\n")
         federation.pooled_test = pooled
-    with (
-        client_store(cfg, store) as states,
-        open_engine(cfg, data, model, device, grid, states, federation) as engine,
-    ):
-        segment = Segment(resume, ckpt, show_progress, stop_after, notify)
-        newcomers = None if data is None or not data.num_unseen else newcomers_of(cfg, data)
-        return record_rounds(cfg, store, algorithm, model, engine, device, groups, segment, states, newcomers)
+    try:
+        with (
+            client_store(cfg, store) as states,
+            open_engine(cfg, data, model, device, grid, states, federation) as engine,
+        ):
+            segment = Segment(resume, ckpt, show_progress, stop_after, notify)
+            newcomers = None if data is None or not data.num_unseen else newcomers_of(cfg, data)
+            classes = None if hasattr(model, "task_loss") else num_classes  # a causal LM is not a classifier
+            return record_rounds(
+                cfg, store, algorithm, model, engine, device, groups, segment, states, newcomers, classes
+            )
+    except (KeyboardInterrupt, OSError) as exc:  # Ctrl-C, a full disk: the caller says how to continue this run
+        exc.run_dir = store.dir  # type: ignore[union-attr]
+        raise
 
 
 def newcomers_of(cfg: BaseModel, data: FederatedDataset) -> Newcomers:

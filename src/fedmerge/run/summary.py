@@ -47,6 +47,9 @@ def build_summary(rows: list[dict[str, Any]], info: dict[str, Any]) -> dict[str,
         gap = local_gap_summary(rows)
         if gap:
             summary["local_gap"] = gap
+    diverged = divergence(rows, info.get("num_classes"))
+    if diverged:
+        summary["diverged"] = diverged
     groups = info.get("client_groups")
     if groups is not None:
         recovery = cluster_recovery(rows, groups)
@@ -87,6 +90,26 @@ def unseen_part(row: dict[str, Any]) -> dict[str, Any]:
         if key in unseen and key in row["summary"]
     }
     return {"unseen": unseen, "participation_gap": gap}
+
+
+# a classifier's training loss this many times a uniform guess's ln(C) means it did not train but blew up
+DIVERGED_FACTOR = 10.0
+
+
+def divergence(rows: list[dict[str, Any]], num_classes: int | None) -> str | None:
+    """One line when the last round's mean training loss is not finite or more than
+    :data:`DIVERGED_FACTOR` times ``ln(num_classes)``, the loss of predicting every class equally (a run
+    with too large a learning rate ends "done" at chance accuracy); None otherwise, and for models with
+    their own task loss (``num_classes`` None)."""
+    if not rows or not num_classes or num_classes < 2 or "train_loss" not in rows[-1]:
+        return None
+    loss, uniform = float(rows[-1]["train_loss"]), math.log(num_classes)
+    if math.isfinite(loss) and loss <= DIVERGED_FACTOR * uniform:
+        return None
+    return (
+        f"diverged: the last round's training loss is {loss:.3g}, more than {DIVERGED_FACTOR:g} x ln({num_classes}) "
+        f"= {DIVERGED_FACTOR * uniform:.3g} (a uniform guess); use a smaller algorithm.lr"
+    )
 
 
 def parameter_budget(params: dict[str, float], comm: dict[str, float]) -> dict[str, float]:
@@ -154,6 +177,7 @@ def summary_markdown(summary: dict[str, Any]) -> str:
         f"# {summary.get('name', 'run')}: {summary.get('algorithm')} on {summary.get('dataset')}",
         "",
         f"rounds completed: {summary.get('rounds_completed')}",
+        *(["", f"**warning: {summary['diverged']}**"] if summary.get("diverged") else []),
         "",
         "| selection | round | metric | mean | weighted mean | std | worst 10% |",
         "|---|---|---|---|---|---|---|",

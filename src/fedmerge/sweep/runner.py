@@ -10,8 +10,9 @@ SWEEP_DIR/results.md|csv  the comparison tables (``fedmerge.report.compare``)
 Each run is one ``fedmerge run ... --out SWEEP_DIR/runs/KEY`` process, so its provenance holds
 a command that reproduces it alone. Running the sweep again skips finished runs, continues
 stopped ones from their checkpoints (``fedmerge run --resume``) and retries failed ones. A worker
-gets ``threads = cores // jobs`` (unless the config sets ``threads``) so that the processes do not
-oversubscribe the cores. The processes are started by ``fedmerge.sweep.launch``, which studies share.
+gets ``threads = cores // jobs`` (unless the config file or an override sets ``threads``) so that
+the processes neither oversubscribe the cores nor leave them idle. The processes are started by
+``fedmerge.sweep.launch``, which studies share.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from fedmerge.config.schema import ConfigError, first_config_difference, make_folder
+from fedmerge.config.schema import ConfigError, first_config_difference, make_folder, read_yaml
 from fedmerge.core.checkpoint import atomic_write_bytes
 from fedmerge.run.results import CONFIG_FILE, DONE, FAILED, INCOMPLETE, METRICS_FILE, PENDING, SUMMARY_FILE, RunRecord
 from fedmerge.sweep.launch import INTERRUPTED, Launcher, Outcome, RunJob, config_difference, cores
@@ -104,12 +105,22 @@ def _check_same_config(run_dir: Path, point: SweepPoint) -> None:
 def run_args(spec: SweepSpec, point: SweepPoint, run_dir: Path, threads: int) -> list[str]:
     """The ``fedmerge run`` arguments that start one point afresh."""
     overrides = list(point.overrides)
-    if point.config.threads is None:
+    if not threads_chosen(spec, point):
         overrides.append(f"threads={threads}")
     args = [*([spec.config] if spec.config else []), *overrides]
     if spec.tuned:
         args += ["--tuned", spec.tuned]
     return [*args, "--out", str(run_dir)]
+
+
+def threads_chosen(spec: SweepSpec, point: SweepPoint) -> bool:
+    """Whether the user set ``threads`` (to a number) for this point, in the config file or an override;
+    else the sweep gives each run its share of the cores (the schema's default of 1 would leave cores idle)."""
+    if point.config.threads is None:
+        return False
+    if any(o.partition("=")[0].strip() == "threads" for o in point.overrides):
+        return True
+    return spec.config is not None and "threads" in read_yaml(Path(spec.config))
 
 
 def run_command(spec: SweepSpec, point: SweepPoint, run_dir: Path, threads: int) -> list[str]:

@@ -35,7 +35,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from fedmerge.config.schema import ConfigError, load_config, parse_override, read_yaml
+from fedmerge.config.schema import ConfigError, dataset_label, load_config, parse_override, read_yaml
 from fedmerge.config.tuned import load_tuned, load_tuned_config
 
 SWEEP_KEYS = ("config", "overrides", "grid", "methods", "tuned", "name")
@@ -190,7 +190,7 @@ def _method_label(cfg: BaseModel, chosen: dict[str, Any]) -> str:
 
 
 def _default_setting(cfg: BaseModel) -> str:
-    return f"{cfg.dataset.name}, {cfg.partition.name}"
+    return f"{dataset_label(cfg.dataset)}, {cfg.partition.name}"
 
 
 def _assign_keys(points: list[SweepPoint]) -> None:

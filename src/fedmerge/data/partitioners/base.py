@@ -55,7 +55,7 @@ class Partition:
 class PartitionConfig(ComponentConfig):
     """Options every partitioner (except ``natural``) accepts."""
 
-    num_clients: int = Field(10, ge=1)
+    num_clients: int = Field(10, ge=1, description="how many clients the data is split among")
 
 
 Partitioner = Callable[[ComponentConfig, Pool, np.random.Generator], Partition]

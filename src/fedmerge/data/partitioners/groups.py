@@ -25,9 +25,9 @@ from fedmerge.data.pool import Pool
 
 class ClusterConfig(PartitionConfig):
     name: Literal["cluster"] = "cluster"
-    num_groups: int = Field(5, ge=1)
+    num_groups: int = Field(5, ge=1, description="groups of clients, each with its own classes")
     classes_per_group: int | None = Field(None, ge=1, description="default: num_classes // num_groups")
-    group_sizes: Literal["equal", "random"] = "equal"
+    group_sizes: Literal["equal", "random"] = Field("equal", description="clients per group: equal, or drawn at random")
     within_group_alpha: float = Field(10.0, gt=0, description="Dirichlet concentration inside a group")
 
 

@@ -69,7 +69,7 @@ def partition_dirichlet(cfg: DirichletConfig, pool: Pool, rng: np.random.Generat
 
 class ShardsConfig(PartitionConfig):
     name: Literal["shards"] = "shards"
-    classes_per_client: int = Field(2, ge=1)
+    classes_per_client: int = Field(2, ge=1, description="classes (shards) each client holds")
 
 
 def assign_classes(num_clients: int, classes: np.ndarray, per_client: int, rng: np.random.Generator) -> np.ndarray:

@@ -107,8 +107,10 @@ DigitSource = Literal["uci", "opencv", "mnist"]
 
 class DigitsDomainsConfig(DatasetConfig):
     name: Literal["digits_domains"] = "digits_domains"
-    sources: list[DigitSource] = Field(default_factory=lambda: ["uci", "opencv", "mnist"], min_length=1)
-    image_size: int = Field(28, ge=4, le=256)
+    sources: list[DigitSource] = Field(
+        default_factory=lambda: ["uci", "opencv", "mnist"], min_length=1, description="the domains, one per source"
+    )
+    image_size: int = Field(28, ge=4, le=256, description="every image is resized to image_size x image_size")
     opencv_path: str = Field(OPENCV_DIGITS_PNG, description="digits.png for the 'opencv' source")
 
     @field_validator("sources")

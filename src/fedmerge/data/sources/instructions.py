@@ -49,9 +49,9 @@ class InstructionFields(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    instruction: str = "instruction"
-    input: str = "input"
-    output: str = "output"
+    instruction: str = Field("instruction", description="key of the instruction")
+    input: str = Field("input", description="key of the optional context")
+    output: str = Field("output", description="key of the answer")
 
 
 class InstructionsConfig(DatasetConfig):

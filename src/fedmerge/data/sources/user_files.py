@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import warnings
 import zipfile
 from pathlib import Path
 from typing import Any, Literal
@@ -10,7 +11,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field, field_validator
 
-from fedmerge.data.errors import DataUnavailable
+from fedmerge.data.errors import DataUnavailable, DataWarning
 from fedmerge.data.pool import DATASETS, DatasetConfig, Pool, encode_labels, require_finite, to_float32
 from fedmerge.data.sources.images import to_unit_float
 
@@ -19,9 +20,42 @@ IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".ti
 
 def require_file(path: str | Path, what: str) -> Path:
     path = Path(path).expanduser()
+    if path.is_dir():
+        raise DataUnavailable(
+            f"{what} expected, {path} is a folder (check dataset.path; a folder of class folders "
+            "of images is dataset.name=image_folder)"
+        )
     if not path.is_file():
         raise DataUnavailable(f"{what} not found: {path} (check dataset.path)")
     return path
+
+
+def class_labels(values: np.ndarray, where: str, fix: str) -> tuple[np.ndarray, list[str]]:
+    """Label values -> 0..C-1 and the class names, refusing values that are measurements rather than classes
+    (a regression target would silently become one class per sample) and flagging fractional ones."""
+    codes, names = encode_labels(values)
+    numeric = values.dtype.kind in "biuf"
+    fractional = values[values != np.round(values)] if values.dtype.kind == "f" else values[:0]
+    if len(values) >= 20 and len(names) > len(values) // 2:  # a handful of rows says too little to judge
+        example = f"e.g. {fractional[0]:g}, not a whole number" if fractional.size else f"e.g. {names[0]!r}"
+        raise ValueError(
+            f"{where}: {len(names)} distinct labels for {len(values)} samples ({example}): fewer than 2 samples per "
+            f"class, so these look like {'measurements' if numeric else 'ids'}, not classes; fedmerge trains "
+            f"classifiers: {fix}"
+        )
+    if fractional.size:
+        warnings.warn(
+            f"{where}: labels {', '.join(names[:4])}{', ...' if len(names) > 4 else ''} are not whole numbers; "
+            f"they are taken as {len(names)} class names",
+            DataWarning,
+            stacklevel=2,
+        )
+    return codes, names
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def encode_ids(values: np.ndarray) -> np.ndarray:
@@ -71,11 +105,11 @@ def load_npz(cfg: NpzConfig) -> Pool:
     if x.ndim == 2:
         x = require_finite(to_float32(x), f"{path}: x")
     elif x.ndim in (3, 4):
-        # (N, H, W) gains a channel axis; 4-D arrays must already be N x C x H x W.
-        x = require_finite(to_unit_float(x if x.ndim == 4 else x[:, None]), f"{path}: x")
+        # (N, H, W) gains a channel axis; 4-D arrays are N x C x H x W, or N x H x W x C (below)
+        x = require_finite(to_unit_float(channels_first(x, path) if x.ndim == 4 else x[:, None]), f"{path}: x")
     else:
         raise ValueError(f"{path}: x must be 2-D (tabular) or 3/4-D (images), got shape {x.shape}")
-    labels, class_names = encode_labels(y)
+    labels, class_names = class_labels(y, f"{path}: y", "store class ids or names in y")
     natural_id = None
     if client_id is not None:
         if client_id.shape != y.shape:
@@ -85,6 +119,20 @@ def load_npz(cfg: NpzConfig) -> Pool:
         x, labels, len(class_names), Path(path).stem, natural_id=natural_id, class_names=class_names,
         standardize=cfg.standardize and x.ndim == 2,
     )  # fmt: skip
+
+
+def channels_first(x: np.ndarray, path: Path) -> np.ndarray:
+    """``N x C x H x W`` images; ``N x H x W x C`` (numpy's and PIL's order, C of 1, 3 or 4, H more than 4) is
+    transposed, with a warning, instead of being read as H channels of W x C pixels."""
+    if x.shape[3] in (1, 3, 4) and x.shape[1] > 4:
+        warnings.warn(
+            f"{path}: x of shape {x.shape} is read as N x H x W x C ({x.shape[3]} channel(s) of "
+            f"{x.shape[1]} x {x.shape[2]}); store it as N x C x H x W to silence this",
+            DataWarning,
+            stacklevel=2,
+        )
+        return x.transpose(0, 3, 1, 2)
+    return x
 
 
 class CsvConfig(TabularOptions):
@@ -118,6 +166,16 @@ def sorted_codes(values: list[str]) -> tuple[np.ndarray, list[str]]:
     for code, value in zip(codes.tolist(), values, strict=True):
         names.setdefault(code, value)
     return codes, [names[c] for c in range(len(names))]
+
+
+def csv_labels(values: list[str], where: str) -> tuple[np.ndarray, list[str]]:
+    """The label column's classes (:func:`sorted_codes`), refused or flagged as :func:`class_labels` does."""
+    try:
+        numbers = np.array([float(v) for v in values])
+    except ValueError:
+        numbers = np.array(values)
+    class_labels(numbers, where, "set dataset.label_column to the column of classes")
+    return sorted_codes(values)
 
 
 def _is_number(text: str) -> bool:
@@ -207,7 +265,7 @@ def load_csv(cfg: CsvConfig) -> Pool:
     feature_idx = [names.index(n) for n in features]
     x = _numeric_features(table, feature_idx, names, path)
     x = require_finite(x, f"{path}: features", "empty fields count too")
-    labels, class_names = sorted_codes(_text_column(table, names.index(label), label, path))
+    labels, class_names = csv_labels(_text_column(table, names.index(label), label, path), f"{path}: column {label!r}")
     natural_id = sorted_codes(_text_column(table, names.index(client[0]), client[0], path))[0] if client else None
     return Pool(
         x, labels, len(class_names), path.stem, natural_id=natural_id, class_names=class_names,
@@ -241,31 +299,47 @@ def _text_column(table: Any, i: int, name: str, path: Path) -> list[str]:
 class ImageFolderConfig(DatasetConfig):
     name: Literal["image_folder"] = "image_folder"
     path: str = Field(description="root folder with one sub-folder of images per class")
-    image_size: int = Field(32, ge=1, le=1024)
-    channels: Literal[1, 3] = 3
+    image_size: int = Field(32, ge=1, le=1024, description="every image is resized to image_size x image_size")
+    channels: Literal[1, 3] = Field(3, description="1: read as grayscale; 3: read as RGB")
+
+
+def is_hidden(path: Path) -> bool:
+    """Folders and files no user means as data: .ipynb_checkpoints, macOS's __MACOSX and ._ files, .git..."""
+    return path.name.startswith((".", "__MACOSX"))
 
 
 @DATASETS.register(
     "image_folder", config=ImageFolderConfig, description="your ImageFolder tree: path/<class>/*.png|jpg"
 )
 def load_image_folder(cfg: ImageFolderConfig) -> Pool:
-    from PIL import Image
+    from PIL import Image, UnidentifiedImageError
 
     root = Path(cfg.path).expanduser()
     if not root.is_dir():
         raise DataUnavailable(f"image folder not found: {root} (check dataset.path)")
-    class_dirs = sorted(d for d in root.iterdir() if d.is_dir())
-    files = [
-        (f, c) for c, d in enumerate(class_dirs) for f in sorted(d.iterdir()) if f.suffix.lower() in IMAGE_SUFFIXES
-    ]
+    class_dirs = sorted(d for d in root.iterdir() if d.is_dir() and not is_hidden(d))
+    images = {d: [f for f in sorted(d.iterdir()) if f.suffix.lower() in IMAGE_SUFFIXES and not is_hidden(f)]
+              for d in class_dirs}  # fmt: skip
+    files = [(f, c) for c, d in enumerate(class_dirs) for f in images[d]]
     if not files:
         raise DataUnavailable(f"{root}: no images found; expected {root}/<class_name>/<image>.png|jpg")
+    empty = [d.name for d in class_dirs if not images[d]]
+    if empty:
+        raise ValueError(
+            f"{root}: class folder(s) {empty[:5]} hold no images ({', '.join(sorted(IMAGE_SUFFIXES))}); every "
+            "sub-folder is a class: remove them or add their images"
+        )
     mode = "L" if cfg.channels == 1 else "RGB"
     size = (cfg.image_size, cfg.image_size)
     x = np.empty((len(files), size[1], size[0], cfg.channels), dtype=np.uint8)
     for i, (file, _) in enumerate(files):
-        with Image.open(file) as im:
-            x[i] = np.asarray(im.convert(mode).resize(size, Image.BILINEAR)).reshape(size[1], size[0], -1)
+        try:
+            with Image.open(file) as im:
+                x[i] = np.asarray(im.convert(mode).resize(size, Image.BILINEAR)).reshape(size[1], size[0], -1)
+        except UnidentifiedImageError:
+            raise ValueError(f"{file}: not an image (PIL cannot identify it); replace or remove it") from None
+        except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:  # e.g. a truncated JPEG
+            raise ValueError(f"{file}: not a readable image ({first_line(exc)}); replace or remove it") from None
     y = np.array([c for _, c in files], dtype=np.int64)
     return Pool(
         to_unit_float(x.transpose(0, 3, 1, 2)),
