@@ -153,7 +153,7 @@ def test_a_revisions_regime_keys_replace_only_those_keys(tmp_path):
     "change, message",
     [
         ({"titel": "x"}, "titel: unknown key; did you mean title?"),
-        ({"metric": {"name": "top3"}}, "metric.name: Input should be 'acc' or 'top5' (got 'top3')"),
+        ({"metric": {"name": "top3"}}, "metric.name: Input should be 'acc', 'top5' or 'rouge1' (got 'top3')"),
         ({"revisions": [{"name": "wide", "methods": [{"label": "FedProx", "grid": {}}]}]}, "changes row 'FedProx'"),
         ({"revisions": [{"name": "first"}]}, "'first' names no revision"),
         ({"revisions": [{"name": "w"}, {"name": "w"}]}, "revision names ['w', 'w'] repeat"),

@@ -20,7 +20,7 @@ from fedmerge.sweep.launch import finished_run
 
 TEMPLATE_DIR = Path(__file__).parent / "templates"
 GENERATOR = "fedmerge study"  # named in the report's second paragraph
-WHAT = {"acc": "top-1", "top5": "top-5"}
+WHAT = {"acc": "top-1", "top5": "top-5", "rouge1": "ROUGE-1"}
 
 
 def pct(values: list[float]) -> str:

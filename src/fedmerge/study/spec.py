@@ -93,10 +93,11 @@ class Regime(_Strict):
 
 class Metric(_Strict):
     """The table's metric: the clients' mean (``clients``) or the server model on the pooled test split
-    (``global``; a method without one falls back to the clients' mean); top-1 (``acc``) or ``top5``."""
+    (``global``; a method without one falls back to the clients' mean); top-1 (``acc``), ``top5``, or
+    ROUGE-1 of generated answers (``rouge1``)."""
 
     scope: Literal["clients", "global"] = "clients"
-    name: Literal["acc", "top5"] = "acc"
+    name: Literal["acc", "top5", "rouge1"] = "acc"
 
 
 class _Fields(_Strict):
