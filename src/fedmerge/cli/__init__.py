@@ -8,7 +8,7 @@ from importlib import import_module
 from fedmerge.cli.app import app, err, out, report_crash
 
 # Importing a command module registers its commands on ``app``; this order is the order of ``--help``.
-COMMAND_MODULES = ("run", "sweep", "report", "components", "clients", "data", "livar")
+COMMAND_MODULES = ("run", "sweep", "report", "components", "clients", "deploy", "data", "livar")
 for _module in COMMAND_MODULES:
     import_module(f"fedmerge.cli.{_module}")
 

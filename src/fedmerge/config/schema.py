@@ -289,7 +289,12 @@ def merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> BaseModel:
     user = read_yaml(Path(path)) if path is not None else {}
     data = merge(DEFAULT_CONFIG, user)
+    # a file's name that is just its own ALGORITHM-DATASET is the default written out: it follows an
+    # override of the algorithm or the dataset (a Ditto run of digits_fedavg.yaml is ditto-digits)
+    follows = data.get("name") == default_name(data) and not any(o.startswith("name=") for o in overrides or [])
     data = apply_overrides(_deep_copy(data), overrides or [])
+    if follows:
+        data["name"] = None
     return validate(data, builtin_algorithm_keys(user, overrides or []))
 
 
