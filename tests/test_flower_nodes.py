@@ -42,7 +42,13 @@ class NodeGrid:
     Flower node id and a node config with its own ``data-path`` and ``state-dir``; every reply the
     server receives is kept in ``received``."""
 
-    def __init__(self, files: list[Path], state_root: Path, lose: set[tuple[int, int]] = frozenset()):
+    def __init__(
+        self,
+        files: list[Path],
+        state_root: Path,
+        lose: set[tuple[int, int]] = frozenset(),
+        state_dirs: list[Path] | None = None,  # instead of state_root/nodeK
+    ):
         from flwr.app import Context, RecordDict
 
         from fedmerge.engines.flower.client import app
@@ -53,7 +59,8 @@ class NodeGrid:
             n: Context(
                 run_id=1,
                 node_id=n,
-                node_config={"state-dir": str(state_root / f"node{i}")} | ({"data-path": str(f)} if f else {}),
+                node_config={"state-dir": str(state_dirs[i] if state_dirs else state_root / f"node{i}")}
+                | ({"data-path": str(f)} if f else {}),
                 state=RecordDict(),
                 run_config={},
             )

@@ -75,11 +75,11 @@ def test_deployed_run_folder_describes_its_federation_and_holds_no_secret(
     assert summary["parameter_budget"] == reference["parameter_budget"]
     assert summary["parameters"]["client_state_mean"] == summary["parameters"]["model"] > 0  # Ditto: one model
 
-    (line,) = (json.loads(x) for x in (run_dir / "provenance.jsonl").read_text().splitlines())
-    assert line["flower_run_id"] == 77 and f'overrides="{overrides}"' in line["command"]
     for path in run_dir.rglob("*"):  # every file the run wrote
         if path.is_file():
             assert TOKEN.encode() not in path.read_bytes(), path
+    (line,) = (json.loads(x) for x in (run_dir / "provenance.jsonl").read_text().splitlines())
+    assert line["flower_run_id"] == 77 and f'overrides="{overrides}"' in line["command"]
 
     stdout = capsys.readouterr().out.splitlines()
     progress = [x for x in stdout if x.startswith("fedmerge: round ")]
@@ -129,28 +129,29 @@ def test_server_app_error_is_one_exception_line_that_flower_logs_without_traceba
 
 
 def test_a_node_never_reads_another_runs_state_and_says_when_it_has_none(tmp_path, exported, task_identity):
-    """FedPer, then Ditto on the same state folders: Ditto equals a run on empty folders (each run has its
-    own store); a resumed run whose nodes have no store for it drops them with one line naming the run; a
-    state folder of an earlier fedmerge (one store for all runs) is refused."""
+    """Run X stops after round 1; run Y (the same method, another setting) runs on the same state folders;
+    X resumed there equals X uninterrupted: each run has its own store, so X never continues from Y's
+    states (one store for all would hand X the states of Y's round 1 without an error). A resumed run
+    whose nodes have no store for it drops them with one line naming the run; a state folder of an
+    earlier fedmerge (one store for all runs) is refused."""
     from fedmerge.core.loop import RoundFailed
-
-    _, files = exported
-    ditto = quick_config(*SMALL, *DITTO, "rounds=2", "engine=flower", "flower.max_retries=0")
-    run(quick_config(*SMALL, "algorithm.name=fedper", "rounds=2", "engine=flower"), tmp_path / "fedper",
-        grid=NodeGrid(files, tmp_path / "shared"), deployment=True)  # fmt: skip
-    shared = run(ditto, tmp_path / "ditto", grid=NodeGrid(files, tmp_path / "shared"), deployment=True)
-    fresh = run(ditto, tmp_path / "fresh", grid=NodeGrid(files, tmp_path / "empty"), deployment=True)
-    assert client_rows(shared.run_dir) == client_rows(fresh.run_dir)
-    assert len(list((tmp_path / "shared" / "node0").glob("run-*"))) == 2
-
-    # the server resumes from round 1 (checkpoints of rounds 1 and 2 kept) with nodes whose state-dirs lack this run
-    cut = tmp_path / "cut"
-    run(ditto.model_copy(update={"rounds": 3}), cut, grid=NodeGrid(files, tmp_path / "cut-state"), deployment=True,
-        stop_after=1)  # fmt: skip
     from fedmerge.run.runner import run_experiment
 
+    _, files = exported
+    x = quick_config(*SMALL, *DITTO, "rounds=3", "engine=flower", "flower.max_retries=0")
+    y = quick_config(*SMALL, *DITTO, "algorithm.lam=0.5", "rounds=2", "engine=flower")
+    full = run(x, tmp_path / "full", grid=NodeGrid(files, tmp_path / "alone"), deployment=True)
+    run(x, tmp_path / "x", grid=NodeGrid(files, tmp_path / "shared"), deployment=True, stop_after=1)
+    run(y, tmp_path / "y", grid=NodeGrid(files, tmp_path / "shared"), deployment=True)
+    resumed = run_experiment(x, tmp_path / "x", resume=True, show_progress=False,
+                             grid=NodeGrid(files, tmp_path / "shared"), deployment=True)  # fmt: skip
+    assert client_rows(resumed.run_dir) == client_rows(full.run_dir)
+    assert len(list((tmp_path / "shared" / "node0").glob("run-*"))) == 2
+
+    # X again from its round-1 checkpoint, with nodes whose state-dirs never held it
+    run(x, tmp_path / "x2", grid=NodeGrid(files, tmp_path / "x2-state"), deployment=True, stop_after=1)
     with pytest.raises(RoundFailed) as err:
-        run_experiment(ditto.model_copy(update={"rounds": 3}), cut, resume=True, show_progress=False,
+        run_experiment(x, tmp_path / "x2", resume=True, show_progress=False,
                        grid=NodeGrid(files, tmp_path / "elsewhere"), deployment=True)  # fmt: skip
     message = str(err.value)
     assert "\n" not in message and "client 0: NodeStateError: client 0 has no state for run " in message
@@ -162,7 +163,7 @@ def test_a_node_never_reads_another_runs_state_and_says_when_it_has_none(tmp_pat
         (legacy / f"node{i}" / "data.mdb").write_bytes(b"")
     grid = NodeGrid(files, legacy)
     with pytest.raises(RoundFailed, match=r"client 0: NodeStateError: state-dir .*node0 holds client states of an "):
-        run(ditto, tmp_path / "old", grid=grid, deployment=True)
+        run(x, tmp_path / "old", grid=grid, deployment=True)
 
 
 def test_each_round_logs_each_clients_communication_on_both_engines(tmp_path, exported, task_identity):
