@@ -105,19 +105,25 @@ def launch(superlink: str | None, values: dict[str, str], say: Say, app: Path | 
     say(f"Flower run {run_id} started; its log follows (flwr log {run_id}{' ' + superlink if superlink else ''})")
     target = [superlink] if superlink else []
     stream = subprocess.run([flower_command("flwr"), "log", str(run_id), *target, "--stream"])
+    lost = (
+        f"lost the SuperLink while Flower run {run_id} was under way; when it is back, continue with "
+        "fedmerge deploy run SUPERLINK --resume RUN_DIR"
+    )
     try:
         status, details = run_status(run_id, superlink)
     except LaunchError:
         if stream.returncode != 0:  # the SuperLink went away while the run was under way
-            raise LaunchError(
-                f"lost the SuperLink while Flower run {run_id} was under way; when it is back, continue with "
-                "fedmerge deploy run SUPERLINK --resume RUN_DIR"
-            ) from None
+            raise LaunchError(lost) from None
         raise
     if status == COMPLETED:
         return 0
-    reason = details.removeprefix(FAILED_PREFIX).strip() or f"the run ended as {status or 'unknown'}"
-    say(f"error: Flower run {run_id} {status or 'ended'}: {reason}")
+    if status.startswith("finished"):
+        reason = details.removeprefix(FAILED_PREFIX).strip() or f"the run ended as {status}"
+        say(f"error: Flower run {run_id} {status}: {reason}")
+    elif stream.returncode != 0:  # the stream broke, the SuperLink still lists the run as under way
+        say(f"error: {lost}")
+    else:
+        say(f"error: Flower run {run_id} is {status or 'in an unknown state'}; follow it with flwr log {run_id}")
     return 1
 
 
