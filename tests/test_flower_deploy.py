@@ -280,7 +280,8 @@ def state_digests(state_dir: Path, cid: int) -> dict[int, str]:
     from fedmerge.core.state_store import StateStore
 
     out = {}
-    with StateStore(state_dir) as store:
+    (run_store,) = state_dir.glob("run-*")  # the run's own store (a node keeps one per run)
+    with StateStore(run_store) as store:
         newest = store.round_of(cid)
         for rnd in range(newest or 0, -1, -1):
             if store.round_of(cid, max_round=rnd) == rnd:

@@ -10,6 +10,7 @@ import logging
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -70,7 +71,7 @@ def test_deployed_run_folder_describes_its_federation_and_holds_no_secret(
     assert client_rows(local.run_dir) == client_rows(run_dir)  # the federation the config describes ran
 
     summary, reference = (json.loads((d / "summary.json").read_text()) for d in (run_dir, local.run_dir))
-    assert summary["num_clients"] == 3 and summary["algorithm"] == "ditto"
+    assert summary["num_clients"] == 3 and summary["algorithm"] == "ditto" and summary["dataset"] == "digits"
     assert summary["parameters"] == reference["parameters"]  # client state sizes too, from the nodes' shapes
     assert summary["parameter_budget"] == reference["parameter_budget"]
     assert summary["parameters"]["client_state_mean"] == summary["parameters"]["model"] > 0  # Ditto: one model
@@ -253,12 +254,15 @@ def test_deploy_node_exits_non_zero_when_the_supernode_stops_unasked(tmp_path, c
         "waits",
         "signal.signal(signal.SIGTERM, lambda *a: sys.exit(0)); print('up', flush=True); time.sleep(60)",
     )
-    timer = threading.Timer(1.5, lambda: signal.raise_signal(signal.SIGTERM))
+    main = threading.main_thread().ident  # a service manager's SIGTERM reaches the wrapper's only thread
+    timer = threading.Timer(1.5, lambda: signal.pthread_kill(main, signal.SIGTERM))
     timer.start()
+    started = time.monotonic()
     try:
         assert supervise([waits], said.append) == 0  # asked to stop: not a failure
     finally:
         timer.cancel()
+    assert time.monotonic() - started < 20  # the child was stopped, not waited for
     assert len(said) == 1
 
 

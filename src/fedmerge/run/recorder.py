@@ -54,6 +54,8 @@ class Segment:
     round_notices: bool = False
     # what the user asked for, recorded instead of this process's command line (``record_segment``)
     invocation: dict[str, Any] | None = None
+    # a deployed run: the dataset the nodes' files hold (the config's data sections are not used)
+    dataset: str | None = None
 
 
 class Stopped(Exception):
@@ -151,7 +153,7 @@ def record_rounds(
     info = {
         "name": cfg.name,
         "algorithm": cfg.algorithm.name,
-        "dataset": cfg.dataset.name,
+        "dataset": segment.dataset or cfg.dataset.name,
         "partition": cfg.partition.name,
         "model": cfg.model.name,
         "num_clients": num_clients,

@@ -155,7 +155,8 @@ def run_experiment(
         client_store(cfg, store) as states,
         open_engine(cfg, data, model, device, grid, states, federation) as engine,
     ):
-        segment = Segment(resume, ckpt, show_progress, stop_after, notify, deployment, invocation)
+        dataset = federation.first.dataset if federation is not None else None
+        segment = Segment(resume, ckpt, show_progress, stop_after, notify, deployment, invocation, dataset)
         return record_rounds(cfg, store, algorithm, model, engine, device, groups, segment, states)
 
 
