@@ -11,6 +11,7 @@ and ClientApp children), is bounded in time, and its whole group is stopped by p
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -279,7 +280,8 @@ def state_digests(state_dir: Path, cid: int) -> dict[int, str]:
     from fedmerge.core.state_store import StateStore
 
     out = {}
-    with StateStore(state_dir) as store:
+    (run_store,) = state_dir.glob("run-*")  # the run's own store (a node keeps one per run)
+    with StateStore(run_store) as store:
         newest = store.round_of(cid)
         for rnd in range(newest or 0, -1, -1):
             if store.round_of(cid, max_round=rnd) == rnd:
@@ -462,3 +464,187 @@ def test_the_app_folder_command_refuses_an_unwritable_place_in_one_line(tmp_path
     )  # fmt: skip
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert proc.stderr.strip() == f"error: {tmp_path / 'file' / 'app'}: cannot write the app folder (Not a directory)"
+
+
+# --- what the operator sees (issue #42): bad nodes, a SuperLink restart, no secret in the run folder --
+def fedmerge_cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "fedmerge.cli", *args]
+
+
+def write_connections(home: Path, connections: dict[str, str]) -> None:
+    """``$FLWR_HOME/config.toml`` with one SuperLink connection per entry (name -> TOML body)."""
+    text = "".join(f"[superlink.{name}]\n{body}\n\n" for name, body in connections.items())
+    (home / "config.toml").write_text(text)
+
+
+def export_three(folder: Path, *extra: str) -> list[Path]:
+    from fedmerge.config.schema import load_config
+    from fedmerge.data.client_files import export_clients, source_digest
+    from fedmerge.run.prepare import load_data
+
+    cfg = load_config(None, ["partition.num_clients=3", *extra])
+    digest = source_digest(cfg.model_dump(mode="json", include={"dataset", "partition", "split", "noise", "seed"}))
+    return export_clients(load_data(cfg), folder, source_digest=digest)  # as fedmerge export-clients does
+
+
+def test_bad_nodes_reach_the_operator_as_one_line_and_fail_the_command(tmp_path, deployment):
+    """A wrong data-path, another client's file, a truncated file and a file of another export, each on its
+    own SuperLink (in parallel): ``fedmerge deploy run`` streams the ServerApp's log, which holds the one
+    line, and exits 1 repeating it with Flower's final status; no traceback, no run folder."""
+    procs, home = deployment
+    files = export_three(tmp_path / "a")
+    other = export_three(tmp_path / "b", "partition.alpha=5")  # another export: another source digest
+    truncated = tmp_path / "truncated.safetensors"
+    truncated.write_bytes(files[2].read_bytes()[: files[2].stat().st_size // 2])
+    cases = {  # name: (each node's node config, what the line says)
+        "missing": ([f'data-path="{tmp_path / "nowhere.safetensors"}"'], "nowhere.safetensors: client file not found"),
+        "other": ([f'data-path="{files[0]}" partition-id=1'], "holds client 0 but this SuperNode has partition-id=1"),
+        "truncated": ([f'data-path="{truncated}"'], "not a readable client file (truncated or damaged"),
+        "export": ([f'data-path="{files[0]}"', f'data-path="{other[1]}"'], "clients disagree on the source"),
+    }
+    ports = {name: free_port() for name in cases}
+    write_connections(home, {name: f'address = "127.0.0.1:{p}"\ninsecure = true' for name, p in ports.items()})
+    for name, port in ports.items():
+        link = procs.start(f"link-{name}", "flower-superlink", "--insecure", "--port", str(port),
+                           "--disable-runtime-dependency-installation")  # fmt: skip
+        wait_for_port(port, link)
+    for name, (configs, _) in cases.items():
+        for i, config in enumerate(configs):
+            procs.start(f"node-{name}{i}", "flower-supernode", "--insecure", "--superlink",
+                        f"127.0.0.1:{ports[name]}", "--port", str(free_port()), "--node-config", config)  # fmt: skip
+    out = tmp_path / "runs"
+    launches = {
+        name: procs.start(
+            f"launch-{name}",
+            *fedmerge_cli("deploy", "run", name, "rounds=1", "flower.connect_timeout=120", "--output-dir", str(out)),
+        )  # fmt: skip
+        for name in cases
+    }
+    for name, launch in launches.items():
+        try:
+            launch.wait(timeout=300)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"{name}: fedmerge deploy run did not end:\n{procs.log(f'launch-{name}')[-3000:]}")
+        text = procs.log(f"launch-{name}")
+        assert launch.returncode == 1, text[-3000:]
+        errors = [ln for ln in text.splitlines() if ln.startswith("fedmerge: error: ")]  # the streamed log
+        assert len(errors) == 1 and cases[name][1] in errors[0], text[-3000:]
+        line = errors[0].removeprefix("fedmerge: error: ")
+        assert re.search(rf"^error: Flower run \d+ finished:failed: {re.escape(line)}$", text, re.M), text[-2000:]
+        assert "Traceback" not in text
+    assert not out.exists()
+
+
+def serverapp_token() -> str | None:
+    """The token on the command line of a running ``flwr-serverapp`` (what no run file may hold)."""
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            argv = cmdline.read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if any(a.endswith("flwr-serverapp") for a in argv[:2]) and "--token" in argv:
+            return argv[argv.index("--token") + 1]
+    return None
+
+
+def test_superlink_restart_with_its_database_then_resume_equals_an_uninterrupted_run(tmp_path, deployment):
+    """TLS, SuperNode authentication, ``--database``. The nodes run under ``fedmerge deploy node`` with
+    state folders that already hold another run's states. The SuperLink is killed (SIGKILL, with its
+    ServerApp) in round 2: ``fedmerge deploy run`` exits 1 saying so. Restarted on its database, the
+    SuperLink knows the nodes' keys and ids; the nodes reconnect by themselves; ``fedmerge deploy run
+    --resume`` completes, and the result equals the same run uninterrupted. No file of the run folder
+    holds the ServerApp's token; its provenance holds the two commands the operator typed."""
+    from test_flower_nodes import NodeGrid, client_rows
+
+    from fedmerge.config.schema import load_config
+    from fedmerge.run.provenance import read_provenance
+    from fedmerge.run.results import RunStore
+    from fedmerge.run.runner import run_experiment
+
+    procs, home = deployment
+    files = export_three(tmp_path / "export", "partition.num_clients=2")  # two sites: fewer processes
+    sites = []
+    for i, f in enumerate(files):
+        (tmp_path / f"site{i}").mkdir()
+        sites.append(shutil.move(f, tmp_path / f"site{i}" / f.name))
+    settings = ["algorithm.name=ditto", "algorithm.lam=0.1", "algorithm.local_epochs=1", "rounds=2", "eval_every=2",
+                "threads=1", "flower.connect_timeout=180", "flower.round_timeout=120"]  # fmt: skip
+    from flwr.supercore.task_identity import TaskIdentity
+
+    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 1  # as a Flower runtime would
+    other = load_config(None, ["partition.num_clients=2", "algorithm.name=fedper", "rounds=1", "engine=flower"])
+    states = [s.parent / "state" for s in sites]
+    run_experiment(other, tmp_path / "other", show_progress=False, deployment=True,
+                   grid=NodeGrid(sites, tmp_path / "unused", state_dirs=states))  # fmt: skip
+    reference = run_experiment(
+        load_config(None, ["partition.num_clients=2", "engine=flower", *settings]), tmp_path / "reference",
+        show_progress=False, deployment=True, grid=NodeGrid(sites, tmp_path / "reference-state"),
+    )  # fmt: skip
+
+    tls = tmp_path / "tls"
+    tls.mkdir()
+    write_tls_material(tls, nodes=len(sites))
+    port = free_port()
+    write_connections(home, {"secure": f'address = "127.0.0.1:{port}"\nroot-certificates = "{tls / "ca.crt"}"'})
+
+    def start_link(name: str) -> subprocess.Popen:
+        link = procs.start(name, "flower-superlink", "--ssl-ca-certfile", str(tls / "ca.crt"), "--ssl-certfile",
+                           str(tls / "server.pem"), "--ssl-keyfile", str(tls / "server.key"), "--enable-supernode-auth",
+                           "--port", str(port), "--database", str(tmp_path / "superlink.db"),
+                           "--disable-runtime-dependency-installation")  # fmt: skip
+        wait_for_port(port, link)
+        return link
+
+    link = start_link("superlink")
+    for i in range(len(sites)):
+        key = tls / ("node" if i == 0 else f"node{i}")
+        register = subprocess.run([str(BIN / "flwr"), "supernode", "register", f"{key}.pub", "secure"],
+                                  env=procs.env, capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert register.returncode == 0, register.stdout + register.stderr
+        procs.start(f"node{i}", *fedmerge_cli(
+            "deploy", "node", "--root-certificates", str(tls / "ca.crt"), "--superlink", f"127.0.0.1:{port}",
+            "--port", str(free_port()), "--auth-supernode-private-key", f"{key}.key",
+            "--node-config", f'data-path="{sites[i]}" state-dir="{sites[i].parent / "state"}"',
+        ), cwd=sites[i].parent)  # fmt: skip
+    out = tmp_path / "runs"
+    first = procs.start("launch", *fedmerge_cli("deploy", "run", "secure", *settings, "name=deployed",
+                                                "--output-dir", str(out)))  # fmt: skip
+    tokens: set[str] = set()
+
+    def in_round_2() -> bool:
+        assert first.poll() is None, procs.log("launch")[-3000:]
+        if (token := serverapp_token()) is not None:
+            tokens.add(token)
+        return any("round 2 train: starts from" in procs.log(f"node{i}") for i in range(len(sites)))
+
+    wait_for(in_round_2, "round 2", 300, procs, "launch")
+    _signal_group(link.pid, signal.SIGKILL)  # the SuperLink and its ServerApp
+    link.wait(timeout=10)
+    start_link("superlink-restarted")
+    first.wait(timeout=180)
+    text = procs.log("launch")
+    assert first.returncode == 1 and "lost the SuperLink while Flower run" in text, text[-3000:]
+    (run_dir,) = out.glob("deployed-*")
+    assert [r["round"] for r in RunStore(run_dir).read_metrics()] == [1]
+
+    resumed = procs.start("resume", *fedmerge_cli("deploy", "run", "secure", "--resume", str(run_dir)))
+    try:
+        resumed.wait(timeout=400)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the resumed run did not end:\n{procs.log('resume')[-3000:]}")
+    text = procs.log("resume")
+    assert resumed.returncode == 0, text[-3000:]
+    assert "fedmerge: resuming from round 1 of 2" in text and "fedmerge: round 2/2: " in text
+    for i in range(len(sites)):  # each node kept its key's id and its process through the restart
+        log = procs.log(f"node{i}")
+        assert log.count("SuperNode ID:") == 1, log[-2000:]
+        assert len(list((sites[i].parent / "state").glob("run-*"))) == 2  # the other run's store, untouched
+    assert client_rows(run_dir) == client_rows(reference.run_dir)
+
+    assert tokens, "no ServerApp token seen"
+    for path in run_dir.rglob("*"):
+        if path.is_file():
+            assert not any(t.encode() in path.read_bytes() for t in tokens), path
+    commands = [line["command"] for line in read_provenance(run_dir)]
+    assert len(commands) == 2 and commands[1] == f"fedmerge deploy run secure --resume {run_dir}", commands
+    assert commands[0].startswith("fedmerge deploy run secure algorithm.name=ditto"), commands

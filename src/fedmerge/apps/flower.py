@@ -12,11 +12,14 @@ it is given and writes the usual results folder. Run config keys (``flwr run --r
 The run is a deployment: every SuperNode reads its own client file (``--node-config data-path=...``)
 and keeps its client's state on its own disk; the server loads no dataset (docs/deployment.md).
 A run that cannot start or go on (a node without a readable file, nodes that disagree, too few
-replies) stops with one line, ``fedmerge: error: ...``, in the ServerApp's log and no traceback.
+replies) stops with one line, ``fedmerge: error: ...``, in the ServerApp's log (``flwr run --stream``,
+``flwr log``) and no traceback; Flower marks the run ``finished:failed`` with that line, which
+``fedmerge deploy run`` turns into its exit status. Each round adds a line of progress.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import shlex
 
@@ -29,11 +32,54 @@ log = logging.getLogger(__name__)
 server_app = ServerApp()
 
 
+class DeploymentFailed(Exception):
+    """A deployed run stopped; its message is the one line the operator reads. Raised (not ``SystemExit``)
+    so that Flower flushes the ServerApp's log to ``flwr run --stream`` / ``flwr log`` and marks the run
+    ``finished:failed`` with this line as its details."""
+
+
+class _NoTraceback(logging.Filter):
+    """Flower logs a ServerApp's exception with its traceback; for a :class:`DeploymentFailed` the one
+    line already printed says everything."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], DeploymentFailed):
+            record.exc_info = None
+        return True
+
+
+logging.getLogger("flwr").addFilter(_NoTraceback())  # the logger of Flower's ServerApp runtime
+
+
+def say(message: str) -> None:
+    """A line of the ServerApp's log (what ``flwr run --stream`` and ``flwr log`` show)."""
+    print(f"fedmerge: {message}", flush=True)
+
+
+def run_config_text(rc: dict) -> str:
+    """The run config as ``flwr run --run-config`` takes it (keys that are set, values quoted)."""
+    parts = []
+    for key in ("config", "overrides", "output-dir", "resume", "pooled-test"):
+        value = str(rc.get(key, ""))
+        if value:
+            parts.append(f"{key}={json.dumps(value)}")
+    return " ".join(parts)
+
+
+def invocation(rc: dict, flower_run_id: int) -> dict:
+    """What the operator asked for, for ``provenance.jsonl``: the ``fedmerge deploy run`` command that
+    started this run (it passes its own, credentials removed), else the ``flwr run`` equivalent; never
+    this process's command line, which holds the SuperLink's token."""
+    command = str(rc.get("command", "")) or f"flwr run APP SUPERLINK --run-config {shlex.quote(run_config_text(rc))}"
+    return {"command": command, "flower_run_id": int(flower_run_id), "run_config": run_config_text(rc)}
+
+
 @server_app.main()
 def main(grid: Grid, context: Context) -> None:
     from fedmerge.config.schema import ConfigError
     from fedmerge.core.checkpoint import CheckpointError
     from fedmerge.core.loop import RoundFailed
+    from fedmerge.core.state_store import StateStoreError
     from fedmerge.data import DataUnavailable
     from fedmerge.run.resume import RESUME_OVERRIDABLE
     from fedmerge.run.runner import run_from_files
@@ -54,11 +100,14 @@ def main(grid: Grid, context: Context) -> None:
             grid=grid,
             deployment=True,
             pooled_test=str(rc.get("pooled-test", "")) or None,
+            notify=say,
+            invocation=invocation(rc, context.run_id),
         )
-    except (ConfigError, DataUnavailable, CheckpointError, RoundFailed) as exc:
-        print(f"fedmerge: error: {str(exc).splitlines()[0]}", flush=True)
-        raise SystemExit(1) from None
-    print(f"fedmerge: results in {result.run_dir}", flush=True)
+    except (ConfigError, DataUnavailable, CheckpointError, RoundFailed, StateStoreError) as exc:
+        line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        say(f"error: {line}")
+        raise DeploymentFailed(line) from None
+    say(f"results in {result.run_dir}")
 
 
-__all__ = ["client_app", "server_app"]
+__all__ = ["DeploymentFailed", "client_app", "server_app"]

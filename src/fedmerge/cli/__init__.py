@@ -10,7 +10,7 @@ from rich.markup import escape
 from fedmerge.cli.app import app, err, out, report_crash, system_problem
 
 # Importing a command module registers its commands on ``app``; this order is the order of ``--help``.
-COMMAND_MODULES = ("run", "sweep", "study", "report", "components", "clients", "data", "livar")
+COMMAND_MODULES = ("run", "sweep", "study", "report", "components", "clients", "deploy", "data", "livar")
 for _module in COMMAND_MODULES:
     import_module(f"fedmerge.cli.{_module}")
 

@@ -364,7 +364,12 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     # before the overrides: switching a section to a plugin's component keeps the keys that component accepts
     named = [parse_override(o)[1] for o in overrides or [] if o.partition("=")[0] == "plugins"]
     load_plugins(named[-1] if named else data.get("plugins"))
+    # a file's name that is just its own ALGORITHM-DATASET is the default written out: it follows an
+    # override of the algorithm or the dataset (a Ditto run of digits_fedavg.yaml is ditto-digits)
+    follows = data.get("name") == default_name(data) and not any(o.startswith("name=") for o in overrides or [])
     data = apply_overrides(_deep_copy(data), overrides or [])
+    if follows:
+        data["name"] = None
     return validate(data, builtin_algorithm_keys(user, overrides or []))
 
 

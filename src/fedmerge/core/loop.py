@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Protocol
@@ -55,6 +55,11 @@ class Engine(Protocol):
 
     def pop_failures(self) -> list[dict[str, Any]]:
         """The clients dropped since the last call (``{"round", "cid", "reason"}``), then forget them."""
+        ...
+
+    def client_state_shapes(self) -> Mapping[int, ClientState]:
+        """The client states as a run's summary sizes them: :meth:`client_states` where this process holds
+        them; where they stay on their nodes (deployed Flower), stand-ins with their shapes and no values."""
         ...
 
 
@@ -197,6 +202,8 @@ def run_rounds(
             # update received (mean over the clients); client states never count, they stay put
             "comm_down": float(np.mean([p.num_values() for p in payloads.values()])),
             "comm_up": float(np.mean([u.num_values() for u in received.values()])),
+            # the same per client of the round: "up" only for those that replied
+            "comm_clients": comm_per_client(payloads, received),
             "fit_seconds": time.perf_counter() - t0,
         }
         if dropped:  # same form as the clients an engine drops (merged with them by the runner)
@@ -219,6 +226,16 @@ def run_rounds(
         if on_round_end is not None:
             on_round_end(rnd, state, record)
     return state
+
+
+def comm_per_client(payloads: dict[int, Payload], received: dict[int, Update]) -> dict[str, dict[str, int]]:
+    """Tensor values sent to (``down``) and received from (``up``) each client of a round, by client id."""
+    out: dict[str, dict[str, int]] = {}
+    for cid in sorted(payloads):
+        out[str(cid)] = {"down": payloads[cid].num_values()}
+        if cid in received:
+            out[str(cid)]["up"] = received[cid].num_values()
+    return out
 
 
 Signature = tuple[tuple[str, tuple[int, ...], torch.dtype], ...]

@@ -89,6 +89,9 @@ class LocalEngine:
     def restore(self, meta: dict[str, Any]) -> None:
         pass
 
+    def client_state_shapes(self) -> MemoryStates | StoredStates:
+        return self._states
+
     def pop_failures(self) -> list[dict[str, Any]]:
         return []  # a client that raises here is a bug and stops the run; the round loop drops bad updates
 

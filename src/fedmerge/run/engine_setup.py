@@ -69,6 +69,36 @@ def federation_summary(federation: Any) -> dict[str, Any]:
     }
 
 
+def deployed_config(cfg: BaseModel, federation: Any) -> BaseModel:
+    """``cfg`` as the federation that answered the handshake runs it: its number of clients (the nodes'
+    files decide the data, not the server's data sections) and, unless ``name`` was chosen, the name
+    ALGORITHM-DATASET with the nodes' dataset. Refused in one line when the partition section cannot
+    hold that many clients."""
+    from fedmerge.config.schema import default_name, validate
+
+    data = cfg.model_dump(mode="json", exclude_none=True)
+    chosen = cfg.name != default_name(data)
+    data["partition"] = {**data["partition"], "num_clients": federation.num_clients}
+    if not chosen:
+        data["name"] = default_name({"algorithm": data["algorithm"], "dataset": {"name": federation.first.dataset}})
+    try:
+        return validate(data)
+    except ConfigError as exc:
+        raise ConfigError(
+            f"the SuperNodes form a federation of {federation.num_clients} clients, which this config's partition "
+            f"section cannot describe: {exc}"
+        ) from None
+
+
+def new_run_key(cfg: BaseModel) -> str:
+    """A deployed run's name on its nodes' disks: its config digest and a fresh id (kept by checkpoints)."""
+    import secrets
+
+    from fedmerge.run.resume import config_digest
+
+    return f"{config_digest(cfg)[:12]}-{secrets.token_hex(4)}"
+
+
 def pooled_test_of(cfg: BaseModel, data: FederatedDataset) -> Callable[[], tuple[torch.Tensor, torch.Tensor]] | None:
     """The global model's test set: every client's test split, or with ``eval_clients: sample:K`` those
     of the K evaluated clients (the same every round), so that no evaluation grows with the population."""
@@ -137,8 +167,9 @@ def open_engine(
     def engine_on(target: Any) -> FlowerEngine:
         fed = federation if federation is not None else connect(target, options, SIMULATION, num_clients)
         return FlowerEngine(
-            target, fed, job, model, device, cfg.seed, options, pooled_test, cfg.eval_batch_size, mode=mode
-        )
+            target, fed, job, model, device, cfg.seed, options, pooled_test, cfg.eval_batch_size, mode=mode,
+            run_key=new_run_key(cfg) if mode == DEPLOYMENT else "",
+        )  # fmt: skip
 
     if grid is not None:  # a ServerApp was handed a Grid by the SuperLink (or a test's fake one)
         yield engine_on(grid)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import platform
+import re
 import shlex
 import subprocess
 import sys
@@ -51,15 +52,37 @@ def package_version() -> str:
         return "unknown"
 
 
-def record_segment(run_dir: str | Path, start_round: int, resumed: bool) -> dict[str, Any]:
-    """Append this invocation to the run's provenance and return the line."""
+# options whose value is a credential: never written to a file (``--token`` is how Flower starts a ServerApp)
+SECRET_OPTION = re.compile(r"^--?[\w-]*(token|secret|password|passwd)[\w-]*$", re.IGNORECASE)
+
+
+def redact(argv: list[str]) -> list[str]:
+    """``argv`` with the value of every credential option replaced (``--token X``, ``--token=X``)."""
+    out: list[str] = []
+    for arg in argv:
+        name, eq, _ = arg.partition("=")
+        if out and SECRET_OPTION.match(out[-1]) and not eq:
+            out.append("<redacted>")
+        elif eq and SECRET_OPTION.match(name):
+            out.append(f"{name}=<redacted>")
+        else:
+            out.append(arg)
+    return out
+
+
+def record_segment(
+    run_dir: str | Path, start_round: int, resumed: bool, invocation: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Append this invocation to the run's provenance and return the line. ``invocation``: what the user
+    asked for (``command`` and any details) when this process's command line is not that (a ServerApp)."""
     commit, dirty = source_commit()
     argv = list(sys.argv)
     # `fedmerge` on PATH, or `python -m fedmerge` (how `fedmerge sweep` starts its runs)
     if argv and (Path(argv[0]).name == "fedmerge" or Path(argv[0]).parts[-2:] == ("fedmerge", "__main__.py")):
         argv[0] = "fedmerge"
     line = {
-        "command": shlex.join(argv),
+        "command": shlex.join(redact(argv)),
+        **(invocation or {}),
         "resumed": resumed,
         "start_round": start_round,
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),

@@ -50,6 +50,12 @@ class Segment:
     show_progress: bool
     stop_after: int | None
     notify: Notify
+    # one notice per round (a deployed ServerApp's log, where no progress display runs)
+    round_notices: bool = False
+    # what the user asked for, recorded instead of this process's command line (``record_segment``)
+    invocation: dict[str, Any] | None = None
+    # a deployed run: the dataset the nodes' files hold (the config's data sections are not used)
+    dataset: str | None = None
 
 
 class Stopped(Exception):
@@ -98,7 +104,7 @@ def record_rounds(
         store.write_config(to_yaml(cfg))
         state = algorithm.init_server_state().to(device)
 
-    record_segment(store.dir, start_round, segment.resume)
+    record_segment(store.dir, start_round, segment.resume, segment.invocation)
     digest = config_digest(cfg)
     t_start = time.perf_counter() - earlier_seconds
 
@@ -138,6 +144,10 @@ def record_rounds(
             if rnd % cfg.checkpoint_every == 0 or rnd == cfg.rounds:
                 checkpoint(rnd, server_state)
             progress.round_done(rnd, progress_text(record))
+            if segment.round_notices:
+                failed = sorted({f["cid"] for f in failures})
+                dropped = f"  dropped clients {failed}" if failed else ""
+                segment.notify(f"round {rnd}/{cfg.rounds}: {progress_text(record)}{dropped}")
             if stop_after is not None and rnd >= stop_after:
                 raise Stopped
 
@@ -152,7 +162,7 @@ def record_rounds(
     info = {
         "name": cfg.name,
         "algorithm": cfg.algorithm.name,
-        "dataset": dataset_label(cfg.dataset),
+        "dataset": segment.dataset or dataset_label(cfg.dataset),  # deployed: what the nodes said
         "partition": cfg.partition.name,
         "model": cfg.model.name,
         "num_clients": num_clients,
@@ -178,7 +188,7 @@ def record_rounds(
 def parameter_counts(
     algorithm: Algorithm, model: torch.nn.Module, state: ServerState, engine: Engine
 ) -> dict[str, float]:
-    held = engine.client_states()
+    held = engine.client_state_shapes()
     if isinstance(held, StoredStates):  # counted from the records' headers; a few decoded states suffice
         sizes = list(held.store.parameter_counts().values())
         states = [held[cid] for cid in held.store.ids()[:8]]

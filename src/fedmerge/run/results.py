@@ -4,6 +4,7 @@ RUN_DIR/config.yaml        the resolved, validated config
 RUN_DIR/metrics.jsonl      one JSON object per completed round
 RUN_DIR/summary.json       final figures (also summary.md, a table)
 RUN_DIR/checkpoints/       atomic checksummed checkpoints (see fedmerge.core.checkpoint)
+RUN_DIR/federation.json    a deployed run only: what its SuperNodes reported about their data
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
 SUMMARY_MD = "summary.md"
 CHECKPOINT_DIR = "checkpoints"
+FEDERATION_FILE = "federation.json"  # a deployed run: what its SuperNodes reported about their data
 
 
 def new_run_dir(output_dir: str | Path, name: str) -> Path:

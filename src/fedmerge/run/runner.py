@@ -21,6 +21,7 @@ from fedmerge.models import build_model
 from fedmerge.run.engine_setup import (
     client_store,
     connect_nodes,
+    deployed_config,
     federation_summary,
     open_engine,
     require_flower,
@@ -28,7 +29,7 @@ from fedmerge.run.engine_setup import (
 )
 from fedmerge.run.prepare import check_compatibility, data_warnings, load_data, resolve_device, without_test
 from fedmerge.run.recorder import Notify, RunResult, Segment, record_rounds
-from fedmerge.run.results import CONFIG_FILE, RunStore, new_run_dir
+from fedmerge.run.results import CONFIG_FILE, FEDERATION_FILE, RunStore, new_run_dir
 from fedmerge.run.resume import RESUME_OVERRIDABLE, resume_checkpoint
 from fedmerge.run.summary import TIMING_KEYS
 from fedmerge.run.tensorboard_log import require_tensorboard
@@ -48,6 +49,7 @@ def run_experiment(
     notify: Notify | None = None,
     withhold_test: bool = False,
     data: FederatedDataset | None = None,
+    invocation: dict[str, Any] | None = None,
 ) -> RunResult:
     """Run (or resume) ``cfg``. ``stop_after`` ends after that round, as a crash would (tests).
 
@@ -60,6 +62,8 @@ def run_experiment(
     ``checkpoint``: resume from this file of ``RUN_DIR/checkpoints`` instead of the one ``latest.json``
     names. ``notify``: receives one-line notices (warnings, "resuming from round N of M").
     ``data``: a dataset already built (benchmarks), used instead of loading ``cfg``'s.
+    ``invocation``: what the user asked for (``command`` and details), recorded in ``provenance.jsonl``
+    instead of this process's command line (a ServerApp's holds its token, which no file may hold).
     """
     notify = notify or (lambda message: None)
     if cfg.engine == "flower":
@@ -99,6 +103,13 @@ def run_experiment(
     if deployment:
         # The server holds no data: the nodes' handshake says the input shape and the classes.
         federation = connect_nodes(cfg, grid)
+        described = deployed_config(cfg, federation)  # the federation's clients, its name
+        if resume and described.partition.num_clients != cfg.partition.num_clients:
+            raise ConfigError(
+                f"{run_dir}: the run had {cfg.partition.num_clients} clients but {federation.num_clients} "
+                "SuperNodes answered; resume it with the federation that ran it"
+            )
+        cfg = cfg if resume else described
         first = federation.first
         sample = torch.zeros(2, *first.input_shape, dtype=getattr(torch, first.input_dtype))
         data, num_classes, input_shape = None, first.num_classes, first.input_shape
@@ -152,14 +163,15 @@ def run_experiment(
             raise ConfigError(problem)
     store = RunStore(run_dir if run_dir is not None else new_run_dir(cfg.output_dir, cfg.name))
     if federation is not None:
-        (store.dir / "federation.json").write_text(json.dumps(federation_summary(federation), indent=1) + "\n")
+        (store.dir / FEDERATION_FILE).write_text(json.dumps(federation_summary(federation), indent=1) + "\n")
         federation.pooled_test = pooled
     try:
         with (
             client_store(cfg, store) as states,
             open_engine(cfg, data, model, device, grid, states, federation) as engine,
         ):
-            segment = Segment(resume, ckpt, show_progress, stop_after, notify)
+            dataset = federation.first.dataset if federation is not None else None
+            segment = Segment(resume, ckpt, show_progress, stop_after, notify, deployment, invocation, dataset)
             newcomers = None if data is None or not data.num_unseen else newcomers_of(cfg, data)
             classes = None if hasattr(model, "task_loss") else num_classes  # a causal LM is not a classifier
             return record_rounds(
@@ -189,6 +201,7 @@ def run_from_files(
     notify: Notify | None = None,
     run_dir: str | None = None,
     tuned: str | None = None,
+    invocation: dict[str, Any] | None = None,
 ) -> RunResult:
     """``run_dir``: create the run in exactly this folder (``--out``; ``fedmerge sweep``); ``tuned``: a
     ``fedmerge tune`` file whose values for the config's algorithm apply under ``overrides``."""
@@ -199,6 +212,7 @@ def run_from_files(
     if resume_dir is not None:
         if not (Path(resume_dir) / CONFIG_FILE).is_file():
             raise ConfigError(f"--resume {resume_dir}: no {CONFIG_FILE} there; is it a run folder?")
+        check_resume_place(Path(resume_dir), deployment)
         store = RunStore(resume_dir)
         bad = [o for o in overrides if o.partition("=")[0] not in RESUME_OVERRIDABLE]
         if bad or config_path is not None:
@@ -217,6 +231,7 @@ def run_from_files(
             pooled_test=pooled_test,
             checkpoint=checkpoint,
             notify=notify,
+            invocation=invocation,
         )
     cfg = load_tuned_config(config_path, overrides, tuned) if tuned else load_config(config_path, overrides)
     if run_dir is not None and (Path(run_dir) / CONFIG_FILE).exists():
@@ -229,7 +244,24 @@ def run_from_files(
         deployment=deployment,
         pooled_test=pooled_test,
         notify=notify,
+        invocation=invocation,
     )
+
+
+def check_resume_place(run_dir: Path, deployment: bool) -> None:
+    """A deployed run (its folder has ``federation.json``) continues only on its SuperLink, with the nodes
+    that hold its clients' data and states; any other run only where it started."""
+    deployed = (run_dir / FEDERATION_FILE).is_file()
+    if deployed and not deployment:
+        raise ConfigError(
+            f"{run_dir} is a deployed run: its clients' data and states are on its SuperNodes. Resume it through "
+            f"its SuperLink: fedmerge deploy run SUPERLINK --resume {run_dir}  (or: flwr run APP SUPERLINK "
+            f"--stream --run-config 'resume=\"{run_dir}\"')"
+        )
+    if deployment and not deployed:
+        raise ConfigError(
+            f"{run_dir} is not a deployed run (no {FEDERATION_FILE}); continue it with: fedmerge run --resume {run_dir}"
+        )
 
 
 __all__ = ["RunResult", "run_experiment", "run_from_files", "TIMING_KEYS", "RESUME_OVERRIDABLE"]

@@ -34,6 +34,7 @@ overrides = ""
 output-dir = ""
 resume = ""
 pooled-test = ""
+command = ""
 """
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -183,6 +184,7 @@ class FlowerEngine:
         eval_batch_size: int = 1024,
         on_client_done: Callable[[int], None] | None = None,
         mode: str = SIMULATION,
+        run_key: str = "",
     ) -> None:
         self.grid = grid
         self.job_json = json.dumps(job, sort_keys=True)
@@ -202,6 +204,10 @@ class FlowerEngine:
         self.state_round: dict[int, int] = {}  # deployment: per client, last round whose result arrived
         self._kept: dict[int, int] = {}  # the same, as of the oldest checkpoint kept
         self._snapshots: list[dict[int, int]] = []  # the same, as of each checkpoint kept
+        # deployment: which of a node's stored runs this one is (config digest and a fresh id, kept by
+        # the checkpoints), so that a node never continues from another run's state
+        self.run_key = run_key
+        self._state_shapes: dict[int, ClientState] = {}  # deployment: per client, its state's shapes only
 
     # --- node id <-> partition id after the start ---------------------------------------------------
     def _rejoin(self, cids: list[int]) -> None:
@@ -251,6 +257,11 @@ class FlowerEngine:
         self._states = dict(states)
         self._push = set(states)
 
+    def client_state_shapes(self) -> dict[int, ClientState]:
+        """The client states as the summary sizes them. Deployed, the nodes keep their states and report
+        only their tensors' shapes and dtypes: meta-device stand-ins of those (no value exists here)."""
+        return self._states if self.mode != DEPLOYMENT else dict(self._state_shapes)
+
     def checkpoint_meta(self, keep: int = 1) -> dict[str, Any]:
         """What a checkpoint must keep of this engine (deployment: the rounds of the nodes' states).
         ``keep``: how many checkpoints the run keeps; nodes keep every state version any of them needs."""
@@ -258,11 +269,13 @@ class FlowerEngine:
             return {}
         self._snapshots = [*self._snapshots, dict(self.state_round)][-max(keep, 1) :]
         self._kept = self._snapshots[0]  # the oldest checkpoint kept: nodes prune up to it
-        return {"node_state_rounds": {str(c): r for c, r in sorted(self.state_round.items())}}
+        rounds = {str(c): r for c, r in sorted(self.state_round.items())}
+        return {"node_state_rounds": rounds, "node_run_key": self.run_key}
 
     def restore(self, meta: dict[str, Any]) -> None:
         rounds = {int(c): int(r) for c, r in (meta.get("node_state_rounds") or {}).items()}
         self.state_round, self._kept, self._snapshots = dict(rounds), dict(rounds), [dict(rounds)]
+        self.run_key = str(meta.get("node_run_key") or self.run_key)
 
     # --- rounds ------------------------------------------------------------------------------
     def fit(self, algorithm: Algorithm, rnd: int, payloads: dict[int, Payload]) -> dict[int, Update]:
@@ -336,6 +349,8 @@ class FlowerEngine:
                 pass  # a newcomer keeps no state: nothing to track
             elif self.mode == DEPLOYMENT:
                 self.state_round[cid] = max(self.state_round.get(cid, 0), rnd)
+                if JOB in content.config_records and "state_shapes" in content.config_records[JOB]:
+                    self._state_shapes[cid] = state_stand_in(str(content.config_records[JOB]["state_shapes"]))
             elif has_record(content, STATE):
                 self._states[cid] = get_record(content, STATE, ClientState)
             self._push.discard(cid)
@@ -366,6 +381,7 @@ class FlowerEngine:
         if self.mode == DEPLOYMENT:
             job["state_round"] = self.state_round.get(cid, 0)
             job["keep_round"] = self._kept.get(cid, 0)
+            job["run_key"] = self.run_key
         content[JOB] = ConfigRecord(job)
         put_record(content, PAYLOAD, payload)
         if cid in self._push and self.mode != DEPLOYMENT and not onboard:
@@ -373,8 +389,23 @@ class FlowerEngine:
         return Message(content, dst_node_id=self.node_of[cid], message_type=kind)
 
 
+def state_stand_in(shapes: str) -> ClientState:
+    """A ClientState of meta-device tensors shaped as a node reported (``{key: [dtype, shape]}``)."""
+    meta, reported = torch.device("meta"), json.loads(shapes)
+    return ClientState({k: torch.empty(s, dtype=getattr(torch, d), device=meta) for k, (d, s) in reported.items()})
+
+
+# Flower's reason for a ClientApp that raised: "<class 'KeyError'>:<''body.1.weight''>"
+_FLOWER_REASON = re.compile(r"<class '(?:[\w.]*\.)?(\w+)'>:<'(.*)'>", re.DOTALL)
+
+
 def _one_line(text: str, limit: int = 300) -> str:
-    """Flower wraps ClientApp exceptions in long, multi-line reasons; keep the last informative line."""
-    lines = [ln.strip() for ln in text.replace("\\n", "\n").splitlines() if ln.strip()]
+    """A failure reason as one readable line: ``KeyError: 'body.1.weight'`` for Flower's wrapping of a
+    ClientApp exception; otherwise the last informative line of a long, multi-line reason."""
+    text = text.replace("\\n", "\n")
+    if (m := _FLOWER_REASON.fullmatch(text.strip())) is not None:
+        first = m.group(2).strip().splitlines()[0] if m.group(2).strip() else ""
+        return f"{m.group(1)}: {first}"[:limit] if first else m.group(1)
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     msg = next((ln for ln in reversed(lines) if "Message:" in ln or "Error" in ln), lines[-1] if lines else text)
     return msg[:limit]

@@ -7,13 +7,15 @@ A SuperNode is started with ``--node-config 'data-path="FILE" [partition-id=N] [
   project's split rules and the run's seed (then ``partition-id`` and ``num-partitions`` are required,
   and ``classes`` may list the federation's class names, comma-separated). The node reads nothing else.
 - ``partition-id``: with a client file optional; when given it must equal the file's client id.
-- ``state-dir``: where the client's state store lives (default: ``FILE``'s folder +
-  ``/fedmerge-state-NNNN``). The state never leaves this folder.
+- ``state-dir``: where the client's state stores live (default: ``FILE``'s folder +
+  ``/fedmerge-state-NNNN``), one per run (``run-KEY``, the key the server names in each message), so that
+  no run ever continues from another run's state. The state never leaves this folder.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -28,6 +30,15 @@ from fedmerge.data.split import SplitConfig
 
 class NodeConfigError(ValueError):
     """A SuperNode's node config cannot serve the run (one-line message)."""
+
+
+class NodeStateError(RuntimeError):
+    """This node has no usable state for the run the server asks about (one-line message)."""
+
+
+RUN_KEY = re.compile(r"^[0-9a-f]{1,32}(-[0-9a-f]{1,32})?$")
+RUN_PREFIX = "run-"
+LEGACY_STORE = "data.mdb"  # an LMDB store directly in state-dir: fedmerge before stores were kept per run
 
 
 @dataclass(frozen=True)
@@ -54,6 +65,28 @@ class NodeSettings:
         if self.state_dir is not None:
             return self.state_dir
         return self.require_data().parent / f"fedmerge-state-{cid:04d}"
+
+    def run_store(self, cid: int, run_key: str, state_round: int) -> Path:
+        """The folder of this client's state store for the run ``run_key``. Refused in one line: a key
+        that is not one, a state-dir of an earlier fedmerge (one store for every run), and a run that the
+        server has results of (``state_round`` > 0) but this state-dir has no store for."""
+        root = self.store_dir(cid)
+        if not RUN_KEY.fullmatch(run_key):
+            raise NodeStateError(f"the server named run {run_key!r}, which is not a run key; is it a fedmerge server?")
+        if (root / LEGACY_STORE).exists():
+            raise NodeStateError(
+                f"state-dir {root} holds client states of an earlier fedmerge, which kept one store for every run; "
+                f"move its {LEGACY_STORE} and lock.mdb away (or delete them) and start the run again"
+            )
+        folder = root / f"{RUN_PREFIX}{run_key}"
+        if state_round > 0 and not folder.is_dir():
+            runs = sorted(p.name.removeprefix(RUN_PREFIX) for p in root.glob(f"{RUN_PREFIX}*") if p.is_dir())
+            raise NodeStateError(
+                f"client {cid} has no state for run {run_key} in state-dir {root} (the server has its results up to "
+                f"round {state_round}; the folder holds runs {runs[:5]}): start this node with the state-dir it "
+                "used for this run"
+            )
+        return folder
 
 
 def node_settings(node_config: dict[str, Any]) -> NodeSettings:

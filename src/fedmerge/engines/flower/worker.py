@@ -38,7 +38,7 @@ from fedmerge.engines.memory import keep_freed_memory
 from fedmerge.engines.workers import set_threads
 
 from .job import build_data, load_job_plugins, parse_sections
-from .node import NodeSettings, node_data, node_meta, node_settings
+from .node import NodeSettings, NodeStateError, node_data, node_meta, node_settings
 from .protocol import DEPLOYMENT, JOB, METRICS, PAYLOAD, SIMULATION, STATE, STATE_KEY, UPDATE, partition_id
 from .records import get_record, has_record, put_record, state_from_config, state_to_config
 
@@ -111,6 +111,12 @@ def _state_digest(state: ClientState) -> str:
     return hashlib.sha256(state.to_bytes()).hexdigest()[:16]
 
 
+def state_shapes(state: ClientState) -> str:
+    """``{key: [dtype, shape]}`` of a state's tensors, as JSON: what the server may know of a node's state."""
+    shapes = {k: [str(t.dtype).removeprefix("torch."), list(t.shape)] for k, t in sorted(state.tensors.items())}
+    return json.dumps(shapes)
+
+
 def _note(cid: int, rnd: int, phase: str, from_round: int | None, state: ClientState | None) -> None:
     """One line on the node's console: which saved state this message continues from."""
     where = f"state of round {from_round} (sha256 {_state_digest(state)})" if state is not None else "a fresh state"
@@ -137,11 +143,17 @@ def _prepare(msg: Message, context: Context, phase: str, store_scope: Any) -> _C
         worker = _worker(job, settings)
         from fedmerge.core.state_store import StateStore
 
-        store = store_scope.enter_context(StateStore(settings.store_dir(cid)))
         state_round = int(job["state_round"])
+        # one store per run: another run's states (or an earlier config's) are never read
+        store = store_scope.enter_context(StateStore(settings.run_store(cid, str(job["run_key"]), state_round)))
         store.rewind(state_round)  # versions the server never aggregated (or lost in a crash)
         store.prune(min(int(job["keep_round"]), state_round))
         state = store.get(cid)
+        if state is None and state_round > 0:
+            raise NodeStateError(
+                f"client {cid}'s state store {store.path} has no state up to round {state_round}, which the "
+                "server has results of: was it emptied or copied from elsewhere?"
+            )
         _note(cid, rnd, phase, store.round_of(cid), state)
     else:
         cid = partition_id(dict(context.node_config))
@@ -167,6 +179,7 @@ def _save_state(call: _Call, context: Context, content: RecordDict) -> None:
     if call.store is not None:  # deployment: on this node's disk only, tagged with its round
         call.store.put(call.cid, state, call.rnd)
         call.store.flush()
+        content[JOB] = ConfigRecord({"state_shapes": state_shapes(state)})  # the summary's sizes, no value
         return
     context.state[STATE_KEY] = state_to_config(state)
     put_record(content, STATE, state)  # simulation: a copy for the server's checkpoints

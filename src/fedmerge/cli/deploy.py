@@ -1,0 +1,69 @@
+"""``fedmerge deploy``: run an experiment on a Flower deployment, and keep a SuperNode restartable."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+
+import typer
+
+from fedmerge.cli.app import app, err, fail, new_typer, split_args
+
+deploy_app = new_typer(
+    help="Run on a Flower deployment (docs/deployment.md): launch a run and follow it; supervise a SuperNode.",
+    no_args_is_help=True,
+)
+app.add_typer(deploy_app, name="deploy")
+
+
+def _say(message: str) -> None:
+    err.print(message, highlight=False, soft_wrap=True, markup=False)
+
+
+@deploy_app.command("run", context_settings={"allow_interspersed_args": True})
+def run_cmd(
+    superlink: str = typer.Argument(..., help="the SuperLink connection (in $FLWR_HOME/config.toml), e.g. secure"),
+    args: list[str] = typer.Argument(
+        None, metavar="[CONFIG] [KEY=VALUE...]", help="a YAML config on the SuperLink's machine, then overrides"
+    ),
+    output_dir: str | None = typer.Option(None, "--output-dir", help="where the SuperLink's machine writes runs"),
+    resume: str | None = typer.Option(None, "--resume", help="continue this run folder (on the SuperLink's machine)"),
+    pooled_test: str | None = typer.Option(None, "--pooled-test", help="a pooled test file for the server"),
+    app_dir: Path | None = typer.Option(None, "--app", help="a Flower App folder (default: written for this run)"),
+) -> None:
+    """Start a run on the SuperLink, stream its log, and exit 0 only if it completed (1 with the reason)."""
+    from fedmerge.apps.deploy import LaunchError, launch
+    from fedmerge.run.provenance import redact
+
+    config_path, overrides = split_args(args)
+    if resume and config_path:
+        fail("--resume continues a run folder with its own config.yaml; give no CONFIG", 2)
+    values = {
+        "config": str(Path(config_path).expanduser().resolve()) if config_path else "",
+        "overrides": " ".join(overrides),
+        "output-dir": output_dir or "",
+        "resume": resume or "",
+        "pooled-test": pooled_test or "",
+        # provenance.jsonl records this command, not the ServerApp's command line (which holds a token)
+        "command": shlex.join(["fedmerge", *redact(sys.argv[1:])]),
+    }
+    try:
+        code = launch(superlink, values, _say, app_dir)
+    except LaunchError as exc:
+        fail(str(exc), 1)
+    raise typer.Exit(code)
+
+
+@deploy_app.command(
+    "node", context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
+)
+def node_cmd(ctx: typer.Context) -> None:
+    """flower-supernode with these arguments; exits non-zero when it stops unasked (refused by its SuperLink)."""
+    from fedmerge.apps.deploy import LaunchError, flower_command, supervise
+
+    try:
+        argv = [flower_command("flower-supernode"), *ctx.args]
+    except LaunchError as exc:
+        fail(str(exc), 1)
+    raise typer.Exit(supervise(argv, _say))
