@@ -75,7 +75,7 @@ def test_damaged_state_in_the_store_is_refused_with_one_line(tmp_path):
         txn.put(key, bytes(damaged))
     env.close()
     result = CliRunner().invoke(app, ["run", "--resume", str(tmp_path / "r"), "--no-progress"])
-    assert result.exit_code == 1, result.output
+    assert result.exit_code == 2, result.output  # damaged input data: exit 2, as a damaged checkpoint
     assert f"client {cid}'s state (round {rnd})" in result.output and "corrupt" in result.output
     assert "Traceback" not in result.output
 
@@ -98,7 +98,7 @@ def test_missing_store_is_refused(tmp_path):
         f.unlink()
     store.rmdir()
     result = CliRunner().invoke(app, ["run", "--resume", str(tmp_path / "r"), "--no-progress"])
-    assert result.exit_code == 1 and "which is missing" in result.output and "Traceback" not in result.output
+    assert result.exit_code == 2 and "which is missing" in result.output and "Traceback" not in result.output
 
 
 def test_states_on_disk_with_workers_equal_states_in_ram(tmp_path):
