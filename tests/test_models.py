@@ -54,7 +54,9 @@ TESTED_ELSEWHERE = {"minilm_lora"}  # token model on a pretrained backbone: test
 
 
 def test_every_registered_model_is_covered() -> None:
-    assert {n for n, _ in _cases()} == set(MODELS.names()) - TESTED_ELSEWHERE
+    # the built-in models (test modules and plugins may register their own at collection)
+    builtin = {e.name for e in MODELS.entries() if e.config.__module__.startswith("fedmerge.")}
+    assert {n for n, _ in _cases()} == builtin - TESTED_ELSEWHERE
 
 
 @pytest.mark.parametrize(("name", "shape"), _cases(), ids=lambda v: str(v))
