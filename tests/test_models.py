@@ -50,7 +50,8 @@ def _cases() -> list[tuple[str, tuple[int, ...]]]:
     return cases
 
 
-TESTED_ELSEWHERE = {"minilm_lora"}  # token model on a pretrained backbone: tests/test_lora.py
+# pretrained backbones: tests/test_lora.py, tests/test_vit_lora.py, tests/test_causal_lm_lora.py
+TESTED_ELSEWHERE = {"minilm_lora", "vit_lora", "causal_lm_lora"}
 
 
 def test_every_registered_model_is_covered() -> None:
