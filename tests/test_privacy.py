@@ -265,7 +265,7 @@ def test_methods_admitting_central_dp_aggregate_a_mean_of_their_updates(name):
 # --- which method admits what ----------------------------------------------------------------
 def test_the_support_table():
     # the built-in methods (tests and installed plugins may register their own subclasses)
-    names = {n for n in ALGORITHMS.names() if ALGORITHMS.get(n).obj.__module__.startswith("fedmerge.algorithms.")}
+    names = {n for n in ALGORITHMS.names() if ALGORITHMS.get(n).config.__module__.startswith("fedmerge.algorithms.")}
     assert {n for n in names if ALGORITHMS.get(n).obj.dp_sgd_refusal is None} == DP_SGD_METHODS
     assert {n for n in names if ALGORITHMS.get(n).obj.central_dp_refusal is None} == CENTRAL_METHODS
 

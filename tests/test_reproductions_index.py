@@ -130,7 +130,7 @@ def test_every_report_sits_in_a_paper_and_family_folder_with_its_json_and_a_hist
     assert not list(DOCS.glob("*.json"))
     reports = {p.with_suffix("") for p in DOCS.glob("*/*/*.md") if p.name not in HAND_WRITTEN}
     assert reports == {p.with_suffix("") for p in DOCS.glob("*/*/*.json")}
-    assert len(reports) == 39
+    assert len(reports) >= 39  # the 39 moved with their folders, and the studies run since
     for family in {p.parent for p in reports}:
         assert (family / "HISTORY.md").exists(), family
         assert family.parent.name in {"fedmerge", "superfed", "livar"}
