@@ -63,7 +63,7 @@ def main() -> None:
     explored = sorted({s for st in history for s in [*st.seeds, st.tuning_seed]})
     regime = study.regime.model_dump(exclude_defaults=False)
     regime["lrs"] = study.reference_lrs()
-    rows = []
+    rows, kept_head_rule = [], False
     for m in study.methods:
         point = chosen[m.label]
         overrides = list(m.overrides)
@@ -72,6 +72,7 @@ def main() -> None:
         ):
             # the exploration ran the reference preset's former head rule (FedMerge's FORMER_PRESET_VALUES)
             overrides.append("algorithm.merge_grad=head")
+            kept_head_rule = True
         rows.append({"label": m.label, "overrides": overrides, "grid": {k: [v] for k, v in point.items()}})
     spec = {
         "title": f"Confirmation on fresh seeds: {study.title}",
@@ -79,8 +80,13 @@ def main() -> None:
             f"The rows of {args.study.name}{f' (revision {study.revision})' if study.revision else ''} at the points "
             f"they chose on seed {study.tuning_seed}, run on seeds {args.seeds[0]}-{args.seeds[-1]}, none of which "
             f"informed any setting (the study was explored on seeds {explored}). Base changes: "
-            f"{', '.join(args.set) or 'none'}. Reference-mode rows keep the former head rule they were explored with "
-            f"(algorithm.merge_grad=head). The exploration study: {study.description}"
+            f"{', '.join(args.set) or 'none'}. "
+            + (
+                "Reference-mode rows keep the former head rule they were explored with (algorithm.merge_grad=head). "
+                if kept_head_rule
+                else ""
+            )
+            + f"The exploration study: {study.description}"
         ),
         "base": str(base_path.relative_to(ROOT)),
         "seeds": args.seeds,
