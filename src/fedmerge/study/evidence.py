@@ -64,22 +64,23 @@ def judge(study: Study, runs: Path, chosen: dict[str, int], claim: Claim) -> dic
     out: dict[str, Any] = {**claim.model_dump(), "seeds": seeds}
     if not seeds:
         return {**out, "method": None, "why": "no seed on which both rows finished", "verdict": None}
-    few = min(len(d) for d in per_client)
+    few, n = min(len(d) for d in per_client), len(seeds)
     if study.metric.scope == "clients" and few >= MIN_BOOTSTRAP_CLIENTS:
         estimate, low, high = bootstrap_interval(per_client, resamples=BOOTSTRAP_RESAMPLES, seed=BOOTSTRAP_SEED)
         method = "bootstrap"
-        why = f"{few} or more clients per seed: seeds, then clients within each, resampled"
-    elif len(seeds) >= 2:
+        many = few if all(len(d) == few for d in per_client) else f"{few}+"
+        why = f"{n} seeds x {many} clients"
+    elif n >= 2:
         estimate, low, high = paired_t_interval(diffs)
         method = "paired t"
         if study.metric.scope != "clients":
-            why = f"the server model's metric: t over {len(seeds)} seeds"
+            why = f"{n} seeds; the server model's metric"
         elif few == 0:
-            why = f"no per-client metrics in the run folders: t over {len(seeds)} seeds"
+            why = f"{n} seeds; no per-client metrics in the run folders"
         else:
-            why = f"{few} clients in a seed, too few to resample: t over {len(seeds)} seeds"
+            why = f"{n} seeds; {few} clients in a seed, too few to resample"
     else:
-        return {**out, "method": None, "why": "one seed and too few clients for an interval", "verdict": None}
+        return {**out, "method": None, "why": "one seed, too few clients to resample", "verdict": None}
     scale = 100.0  # points
     return {
         **out,

@@ -14,7 +14,7 @@ from typing import Any
 
 from fedmerge.config.schema import ConfigError
 from fedmerge.run.provenance import read_provenance
-from fedmerge.study.evidence import judge, noise_floor
+from fedmerge.study.evidence import BOOTSTRAP_RESAMPLES, MIN_BOOTSTRAP_CLIENTS, judge, noise_floor
 from fedmerge.study.protocol import Conducted, extra_score, score_on_test, summary_of, val_score
 from fedmerge.study.regime import FEDAVG_GAP, LOCAL_GAP, TEST, reference_means, reference_split, regime_check
 from fedmerge.study.spec import Study, explored_history, run_key
@@ -316,6 +316,8 @@ def report(done: Conducted) -> str:
         noise_text=noise_floor_text(_noise_floors(done)),
         budget_text=budget_text(totals, note, study.confirms is not None),
         claims=_claims(done, totals),
+        min_clients=MIN_BOOTSTRAP_CLIENTS,
+        resamples=BOOTSTRAP_RESAMPLES,
     )
 
 
