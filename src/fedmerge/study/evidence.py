@@ -60,7 +60,7 @@ def judge(study: Study, runs: Path, chosen: dict[str, int], claim: Claim) -> dic
         seeds.append(seed)
         diffs.append(score_on_test(study, high) - score_on_test(study, low))
         a, b = (client_scores(runs, keys[label][i], study) for label in (claim.higher, claim.lower))
-        per_client.append([a[c][0] - b[c][0] for c in sorted(a) if c in b] if a and b else [])
+        per_client.append([a[c][0] - b[c][0] for c in sorted(a, key=_client_order) if c in b] if a and b else [])
     out: dict[str, Any] = {**claim.model_dump(), "seeds": seeds}
     if not seeds:
         return {**out, "method": None, "why": "no seed on which both rows finished", "verdict": None}
@@ -92,3 +92,8 @@ def judge(study: Study, runs: Path, chosen: dict[str, int], claim: Claim) -> dic
         "why": why,
         "verdict": verdict(low, high),
     }
+
+
+def _client_order(cid: str) -> tuple[int, str]:
+    """Client ids in numeric order ("2" before "10"): the bootstrap's draws are tied to positions."""
+    return len(cid), cid
