@@ -264,3 +264,25 @@ def test_a_missing_exploration_is_a_config_error(tmp_path, monkeypatch):
     study = two_row_study([5]).model_copy(update={"confirms": "nowhere.yaml revision wide"})
     with pytest.raises(ConfigError):
         explored_history(study)
+
+
+def test_a_stored_reference_without_validation_is_computed_again_unless_report_only(tmp_path, monkeypatch):
+    from fedmerge.study import protocol
+    from fedmerge.study.regime import CentralReference
+
+    shutil.copy(TINY / "base.yaml", tmp_path / "base.yaml")
+    monkeypatch.chdir(tmp_path)
+    fresh = CentralReference("all", [2], [0.1], [0.9], [0.9], [0.8], [0.85])
+    calls = []
+    monkeypatch.setattr(protocol, "load_data", lambda cfg: None)
+    monkeypatch.setattr(protocol, "central_reference", lambda *a, **k: calls.append(a[3]) or fresh)
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    old = json.dumps(regime_reference(val=False))
+    (runs / "regime-seed0.json").write_text(old)
+    study = two_row_study([0])
+    assert protocol.regime(study, runs, report_only=True)[0] == json.loads(old) and calls == []  # read as it is
+    assert protocol.regime(study, runs)[0]["val_mean"] == pytest.approx(0.8) and calls == [0]
+    assert (runs / "regime-seed0.test-only.json").read_text() == old  # nothing lost
+    protocol.regime(study, runs)
+    assert calls == [0]  # a reference with validation accuracies is read, not computed again
