@@ -248,7 +248,9 @@ def confirmation_table(families: list[Family], verdicts: str) -> list[str]:
         confirms = [s for f in owners for s in f.studies if s.is_confirmation]
         if not confirms:
             explored = sorted({seed for s in records for seed in s.seed_list()})
-            lines.append(f"| {paper_table} | {seeds_text(explored)} | none yet | - | not confirmed (exploration: {verdict}) |")
+            lines.append(
+                f"| {paper_table} | {seeds_text(explored)} | none yet | - | not confirmed (exploration: {verdict}) |"
+            )
             continue
         for c in confirms:
             regime = c.regime() + (" (read test)" if c.regime_read_test() else "")
