@@ -8,7 +8,7 @@ says each row chose (``docs/reproductions/*/*/STUDY[_REV].json``), and writes
 ``configs/repro/confirm/NAME.yaml`` (the base config with ``--set`` keys) and
 ``studies/confirm/NAME.yaml``: one point per row, the exploration's reference settings (its learning
 rates written out, since the Local row now has one), ``explored_on`` = every seed the exploration
-used, ``confirms`` = the study and revision. The chosen points are never chosen again.
+used, ``confirms`` = the study and revision, and its ``claims``. The chosen points are never chosen again.
 """
 
 from __future__ import annotations
@@ -98,6 +98,7 @@ def main() -> None:
         "regime": regime,
         "local_row": study.local_row,
         "fedavg_row": study.fedavg_row,
+        "claims": [claim.model_dump() for claim in study.claims],  # judged again, on the fresh seeds
         "methods": rows,
     }
     out = ROOT / "studies" / "confirm" / f"{confirm_name}.yaml"

@@ -9,7 +9,10 @@ hand-written ``HISTORY.md`` and, where one was written, ``READING.md`` beside th
 ``verdicts.md`` stays at the top and no generator touches it. The README's first table, the study of
 record per paper table, takes its rows from the "At a glance" table of ``verdicts.md`` and its regime
 column from the JSON files; a paper table called evidence there whose study does not keep the regime
-on every seed stops the script, so a verdict cannot drift from the numbers silently.
+on every seed stops the script, so a verdict cannot drift from the numbers silently. Its second table
+gives, per paper table, the confirmation on fresh seeds: a study JSON in the record's family with
+``explored_on`` (written by ``scripts/confirmation_study.py``'s study): the seeds that explored the
+settings, the fresh ones, the regime on those, and the verdicts of the claims its report judged.
 """
 
 from __future__ import annotations
@@ -60,6 +63,29 @@ class Study:
     def seeds(self, key: str = "passes") -> int:
         """Seeds on which ``key`` (``passes``: both bars; ``local_starved``; ``fedavg_hurt``) holds."""
         return sum(bool(check[key]) for check in self.data["regime"])
+
+    @property
+    def is_confirmation(self) -> bool:
+        return bool(self.data.get("explored_on"))
+
+    def seed_list(self) -> list[int]:
+        """The study's seeds (JSON written before they were recorded: the regime check's seeds)."""
+        return self.data.get("seeds") or [check["seed"] for check in self.data["regime"]]
+
+    def regime_read_test(self) -> bool:
+        """Whether its regime check read the test split on some seed (every JSON from before it recorded one)."""
+        return any(check.get("split", "test") == "test" for check in self.data["regime"])
+
+    def claim_verdicts(self) -> str:
+        """``3 reproduced, 1 level, 2 not reproduced`` over its judged claims, or why there is none."""
+        claims = self.data.get("claims") or []
+        if not claims:
+            return "no claims declared"
+        counts = {}
+        for claim in claims:
+            counts[claim["verdict"] or "no verdict"] = counts.get(claim["verdict"] or "no verdict", 0) + 1
+        order = ["reproduced", "level", "not reproduced", "no verdict"]
+        return ", ".join(f"{counts[v]} {v}" for v in order if v in counts)
 
     @property
     def kept(self) -> bool:
@@ -200,6 +226,41 @@ def record_table(families: list[Family], verdicts: str) -> list[str]:
     return lines
 
 
+def seeds_text(seeds: list[int]) -> str:
+    """``0-2`` for a run of consecutive seeds, else the list."""
+    if len(seeds) > 1 and seeds == list(range(seeds[0], seeds[-1] + 1)):
+        return f"{seeds[0]}-{seeds[-1]}"
+    return ", ".join(str(s) for s in seeds)
+
+
+def confirmation_table(families: list[Family], verdicts: str) -> list[str]:
+    """Per paper table: the seeds that explored its settings, the fresh seeds that confirm them, the regime
+    on those, and the confirmation's claim verdicts (found in the families of its study of record)."""
+    by_link = {s.link: f for f in families for s in f.studies}
+    lines = [
+        "| paper table | exploration seeds | confirmation seeds | regime kept on confirmation seeds | verdicts "
+        "on confirmation seeds |",
+        "|---|---|---|---|---|",
+    ]
+    for paper_table, record, _, verdict in glance_rows(verdicts):
+        owners = list(dict.fromkeys(by_link[t] for _, t in LINK.findall(record) if t in by_link))
+        records = [s for _, t in LINK.findall(record) for s in [s for f in owners for s in f.studies if s.link == t]]
+        confirms = [s for f in owners for s in f.studies if s.is_confirmation]
+        if not confirms:
+            explored = sorted({seed for s in records for seed in s.seed_list()})
+            lines.append(
+                f"| {paper_table} | {seeds_text(explored)} | none yet | - | not confirmed (exploration: {verdict}) |"
+            )
+            continue
+        for c in confirms:
+            regime = c.regime() + (" (read test)" if c.regime_read_test() else "")
+            lines.append(
+                f"| {paper_table} | {seeds_text(c.data['explored_on'])} | {seeds_text(c.seed_list())} | {regime} | "
+                f"[{c.claim_verdicts()}]({c.link}) |"
+            )
+    return lines
+
+
 def family_index(families: list[Family]) -> list[str]:
     """Per paper, one line per family: its name (linking its history), its revisions in order, its reading."""
     lines = []
@@ -232,6 +293,15 @@ by `scripts/reproductions_index.py` from those JSON files and from the hand-writ
 [verdicts.md](verdicts.md); do not edit it.
 
 ## Study of record, per paper table
+"""
+
+README_CONFIRM = """## Confirmation on fresh seeds, per paper table
+
+Settings are explored on some seeds and confirmed on fresh ones that informed no choice; only the
+confirmation seeds decide a claim. A verdict is the claim's 95% interval of the paired difference of
+its two rows: reproduced above zero, level across it, not reproduced below (the confirmation report
+gives each). "(read test)": that regime check read the test split, as checks did before it read
+validation only.
 """
 
 README_PROTOCOL = """A paper table's verdicts are **evidence** where its study keeps the regime on every seed, and
@@ -301,7 +371,14 @@ def render_readme(families: list[Family], verdicts: str) -> str:
         "## Studies",
         "",
     ]
-    parts = [README_INTRO, *record_table(families, verdicts), "", README_PROTOCOL + "\n".join(bars)]
+    parts = [
+        README_INTRO,
+        *record_table(families, verdicts),
+        "",
+        README_CONFIRM,
+        *confirmation_table(families, verdicts),
+    ]
+    parts += ["", README_PROTOCOL + "\n".join(bars)]
     parts += [*family_index(families), README_LINKS]
     return "\n".join(parts).rstrip() + "\n"
 

@@ -101,6 +101,28 @@ def test_the_record_table_takes_its_regime_from_the_json(index, tmp_path):
     assert "Regime **NOT kept**: both bars met on 2 of 3 seeds (mean gaps: Local 20.0, FedAvg 9.7 points)." in tables
 
 
+def test_the_confirmation_table_gives_seeds_regime_and_claim_verdicts_per_paper_table(index, tmp_path):
+    docs = toy_docs(tmp_path, "fedmerge_toy", "evidence")
+    readme = index.outputs(docs)[docs / "README.md"]
+    assert "| FedMerge Table 9 | 0-2 | none yet | - | not confirmed (exploration: evidence) |" in readme
+    family = docs / "fedmerge" / "toy"
+    write_study(family, "fedmerge_toy_confirm", [True, True, False, True, True])
+    data = json.loads((family / "fedmerge_toy_confirm.json").read_text())
+    for check in data["regime"]:
+        check["split"] = "val"
+    claims = [{"verdict": v} for v in ("reproduced", "not reproduced", "reproduced", "level", None)]
+    data |= {"seeds": [100, 101, 102, 103, 104], "explored_on": [0, 1, 2], "claims": claims}
+    (family / "fedmerge_toy_confirm.json").write_text(json.dumps(data))
+    row = (
+        "| FedMerge Table 9 | 0-2 | 100-104 | 4 of 5 | [2 reproduced, 1 level, 1 not reproduced, 1 no verdict]"
+        "(fedmerge/toy/fedmerge_toy_confirm.md) |"
+    )
+    assert row in index.outputs(docs)[docs / "README.md"]
+    del data["regime"][2]["split"]  # a check from before the split was recorded read test
+    (family / "fedmerge_toy_confirm.json").write_text(json.dumps(data))
+    assert "| 100-104 | 4 of 5 (read test) |" in index.outputs(docs)[docs / "README.md"]
+
+
 def test_each_bar_is_counted_where_the_regime_is_not_kept(index, tmp_path):
     folder = tmp_path / "livar" / "fam"
     write_study(folder, "livar_fam", [True, True, False], local=[False, True, True])

@@ -6,9 +6,11 @@
 2. The chosen point runs on every seed; rows report mean +- std over seeds at the best-validation round
    (the papers' model selection) and at the last round.
 3. The regime check: a central reference per seed (``fedmerge.study.regime``) against the tuned Local
-   and FedAvg rows. ``regime: {scope, max_epochs, lrs}`` sets how the reference trains: at most
-   ``max_epochs`` epochs, at the learning rates ``lrs`` (default: the Local row's grid), chosen by
-   validation loss.
+   and FedAvg rows, on the validation split. ``regime: {scope, max_epochs, lrs}`` sets how the
+   reference trains: at most ``max_epochs`` epochs, at the learning rates ``lrs`` (default: the Local
+   row's grid), chosen by validation loss. A stored reference from before validation accuracies were
+   kept is computed again when the study runs (kept as ``regime-seedN.test-only.json``); with
+   ``--report-only`` it is read as it is, and the report says its check read the test split.
 
 Each run is one ``fedmerge run`` process (``fedmerge.sweep.launch``), in a folder of its own named by
 the row, grid point and seed (``RUNS/KEY/RUN``): finished runs are skipped, unfinished ones resumed, so
@@ -34,7 +36,7 @@ from fedmerge.config.schema import ConfigError, load_config
 from fedmerge.run.prepare import load_data
 from fedmerge.run.provenance import source_commit
 from fedmerge.run.results import DONE
-from fedmerge.study.regime import central_reference
+from fedmerge.study.regime import TEST, central_reference, reference_split
 from fedmerge.study.spec import LATEST, Study, StudyFile, run_key, run_overrides, runs_dir
 from fedmerge.sweep.launch import Launcher, Outcome, RunJob, config_difference, finished_run, started_run
 
@@ -150,12 +152,16 @@ def reference_settings(study: Study) -> tuple:
     return study.base, study.reference_lrs(), study.regime.model_dump(exclude={"lrs"})
 
 
-def regime(study: Study, runs: Path) -> dict[int, dict[str, Any]]:
-    """The central reference of every seed, computed once (RUNS/regime-seedN.json) and then read."""
+def regime(study: Study, runs: Path, report_only: bool = False) -> dict[int, dict[str, Any]]:
+    """The central reference of every seed, computed once (RUNS/regime-seedN.json) and then read. One
+    stored without validation accuracies is computed again unless ``report_only`` (the old file is kept
+    next to it as ``regime-seedN.test-only.json``)."""
     out = {}
     opts = study.regime
     for seed in study.seeds:
         file = runs / f"regime-seed{seed}.json"
+        if file.exists() and not report_only and reference_split(json.loads(file.read_text())) == TEST:
+            file.replace(file.with_name(f"regime-seed{seed}.test-only.json"))
         if not file.exists():
             cfg = load_config(study.base, [*opts.overrides, f"seed={seed}"])
             ref = central_reference(
@@ -208,6 +214,27 @@ def score_on_test(study: Study, summary: dict[str, Any], when: str = "best_val")
     part = summary[when].get(study.metric.scope) or summary[when]["clients"]
     value = part.get(f"test_{study.metric.name}", float("nan"))
     return value["mean"] if isinstance(value, dict) else value
+
+
+def client_scores(runs: Path, key: str, study: Study, when: str = "best_val") -> dict[str, tuple[float, int]] | None:
+    """Each client's test metric and test size at the round the summary reports under ``when`` (from the
+    run's metrics.jsonl), by client id; None where the run folder holds no per-client metrics."""
+    folder = finished_run(runs / key)
+    if folder is None or not (folder / "metrics.jsonl").exists():
+        return None
+    summary = json.loads((folder / "summary.json").read_text())
+    at = summary.get(when, {}).get("round")
+    name = f"test_{study.metric.name}"
+    for line in (folder / "metrics.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        if row.get("round") == at and "eval" in row:
+            clients = row["eval"].get("clients", {})
+            return {
+                cid: (float(m[name]), int(m.get("test_n", 0)))
+                for cid, m in clients.items()
+                if name in m and m.get("test_n", 0) > 0
+            }
+    return None
 
 
 def extra_score(summary: dict[str, Any], column: str) -> float:
@@ -277,4 +304,4 @@ def conduct(
     else:
         chosen = tune(study, folder, jobs, notify)
         run_seeds(study, folder, chosen, jobs, notify)
-    return Conducted(study, history, folder, chosen, regime(study, folder))
+    return Conducted(study, history, folder, chosen, regime(study, folder, report_only))

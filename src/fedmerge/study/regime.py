@@ -4,8 +4,14 @@ A small-scale analogue of a paper's table says something only when it keeps the 
 which neither Local nor FedAvg is near the ceiling. The ceiling here is a *central reference*: one
 model trained centrally on the pooled training data of the clients that share a distribution (each
 ground-truth group for cluster and domain partitions; all clients for label-skew partitions) and
-evaluated on each client's own test split. Epochs (and the learning rate, from a grid) are chosen by
+evaluated on each client's own split. Epochs (and the learning rate, from a grid) are chosen by
 the pooled validation loss, as rounds and hyper-parameters are chosen for the federated methods.
+
+The check reads validation data only (``VAL``): the reference's and the tuned Local and FedAvg rows'
+mean client validation accuracy, at the epoch and round chosen on validation loss; the test split stays
+unread until the table. References computed before the reference kept validation accuracies
+(``client_val_acc``) can only be checked on the test split (``TEST``), as the published reports were;
+``reference_split`` says which split a stored reference allows, and the report states it.
 
     check = regime_check(reference_mean, local_mean, fedavg_mean)   # gaps in points, pass/fail
 
@@ -30,6 +36,7 @@ LOCAL_GAP = 15.0  # points Local must sit below the central reference
 FEDAVG_GAP = 10.0  # points FedAvg must sit below it
 
 Scope = Literal["auto", "group", "all"]
+VAL, TEST = "val", "test"  # the split a regime check reads
 
 
 @dataclass
@@ -42,6 +49,9 @@ class CentralReference:
     # A label-skewed client's prior is worth a lot; this is the ceiling a personalised model could
     # reach by knowing it, reported next to the plain reference that the bars use.
     client_acc_prior: list[float]
+    # The same two on each client's validation split: what the regime check reads.
+    client_val_acc: list[float]
+    client_val_acc_prior: list[float]
 
     @property
     def mean(self) -> float:
@@ -51,8 +61,41 @@ class CentralReference:
     def mean_prior(self) -> float:
         return sum(self.client_acc_prior) / len(self.client_acc_prior)
 
+    @property
+    def val_mean(self) -> float:
+        return _mean_over_clients_with_data(self.client_val_acc)
+
+    @property
+    def val_mean_prior(self) -> float:
+        return _mean_over_clients_with_data(self.client_val_acc_prior)
+
     def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "mean": self.mean, "mean_prior": self.mean_prior}
+        return {
+            **asdict(self),
+            "mean": self.mean,
+            "mean_prior": self.mean_prior,
+            "val_mean": self.val_mean,
+            "val_mean_prior": self.val_mean_prior,
+        }
+
+
+def _mean_over_clients_with_data(values: list[float]) -> float:
+    """The mean over the clients that have samples (NaN for the others), as the run summaries take it."""
+    have = [v for v in values if v == v]
+    return sum(have) / len(have) if have else float("nan")
+
+
+def reference_split(reference: dict[str, Any]) -> str:
+    """The split a stored reference (``CentralReference.to_json``) lets the regime check read: VAL, or
+    TEST for a reference computed before validation accuracies were kept."""
+    return VAL if "val_mean" in reference else TEST
+
+
+def reference_means(reference: dict[str, Any], split: str) -> tuple[float, float]:
+    """The stored reference's mean client accuracy on ``split``, plain and with the client prior."""
+    if split == VAL:
+        return reference["val_mean"], reference["val_mean_prior"]
+    return reference["mean"], reference["mean_prior"]
 
 
 def central_reference(
@@ -79,6 +122,8 @@ def central_reference(
     units = sorted({g for g in groups}) if scope == "group" else [None]
     acc = [0.0] * data.num_clients
     acc_prior = [0.0] * data.num_clients
+    val_acc = [0.0] * data.num_clients
+    val_acc_prior = [0.0] * data.num_clients
     chosen, chosen_lrs = [], []
     for unit in units:
         members = [c for c in data.clients if scope == "all" or c.group == unit]
@@ -100,11 +145,16 @@ def central_reference(
         chosen.append(best_epoch)
         chosen_lrs.append(best_lr)
         for c in members:
-            logits = predict_logits(model, c.x_test)
-            prior = torch.bincount(c.y_train, minlength=data.num_classes).to(logits.dtype) + 1e-3
-            acc[c.cid] = _accuracy(logits, c.y_test)
-            acc_prior[c.cid] = _accuracy(logits + prior.log(), c.y_test)
-    return CentralReference(scope, chosen, chosen_lrs, acc, acc_prior)
+            counts = torch.bincount(c.y_train, minlength=data.num_classes)
+            acc[c.cid], acc_prior[c.cid] = _accuracies(predict_logits(model, c.x_test), c.y_test, counts)
+            val_acc[c.cid], val_acc_prior[c.cid] = _accuracies(predict_logits(model, c.x_val), c.y_val, counts)
+    return CentralReference(scope, chosen, chosen_lrs, acc, acc_prior, val_acc, val_acc_prior)
+
+
+def _accuracies(logits: torch.Tensor, y: torch.Tensor, label_counts: torch.Tensor) -> tuple[float, float]:
+    """Top-1 plain and with the log of the client's training-label frequencies added."""
+    prior = label_counts.to(logits.dtype) + 1e-3
+    return _accuracy(logits, y), _accuracy(logits + prior.log(), y)
 
 
 def _accuracy(logits: torch.Tensor, y: torch.Tensor) -> float:

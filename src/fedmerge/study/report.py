@@ -12,10 +12,12 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from fedmerge.config.schema import ConfigError
 from fedmerge.run.provenance import read_provenance
+from fedmerge.study.evidence import BOOTSTRAP_RESAMPLES, MIN_BOOTSTRAP_CLIENTS, judge, noise_floor
 from fedmerge.study.protocol import Conducted, extra_score, score_on_test, summary_of, val_score
-from fedmerge.study.regime import FEDAVG_GAP, LOCAL_GAP, regime_check
-from fedmerge.study.spec import Study, run_key
+from fedmerge.study.regime import FEDAVG_GAP, LOCAL_GAP, TEST, reference_means, reference_split, regime_check
+from fedmerge.study.spec import Study, explored_history, run_key
 from fedmerge.sweep.launch import finished_run
 
 TEMPLATE_DIR = Path(__file__).parent / "templates"
@@ -96,8 +98,20 @@ def budget_total(history: list[Study]) -> dict[str, int]:
     return {label: len(settings) for label, settings in tried.items()}
 
 
+def budget_history(done: Conducted) -> tuple[list[Study], str | None]:
+    """The revisions whose settings count in each row's budget, and a note where they could not be read:
+    a confirmation study's rows spent theirs in the exploration it confirms."""
+    if done.study.confirms is None:
+        return done.history, None
+    try:
+        return explored_history(done.study), None
+    except ConfigError as exc:
+        return done.history, f"the exploration study could not be read ({exc}); the budgets are this study's own"
+
+
 def _regime_checks(done: Conducted) -> list[dict[str, Any]]:
-    """Per seed with both tuned rows finished: the reference and the check's gaps and verdict."""
+    """Per seed with both tuned rows finished: the reference and the check's gaps and verdict, on the
+    validation split where the stored reference allows it (``split``), else on the test split."""
     study, runs, chosen, ref = done.study, done.runs, done.chosen, done.reference
     labels = {m.label for m in study.methods}
     checks = []
@@ -108,15 +122,77 @@ def _regime_checks(done: Conducted) -> list[dict[str, Any]]:
         )
         if loc is None or fed is None:
             continue
-        acc = [x["best_val"]["clients"]["test_acc"]["mean"] for x in (loc, fed)]
-        checks.append({"seed": seed, "ref": ref[seed], **regime_check(ref[seed]["mean"], *acc)})
+        split = reference_split(ref[seed])
+        reference, prior = reference_means(ref[seed], split)
+        acc = [x["best_val"]["clients"][f"{split}_acc"]["mean"] for x in (loc, fed)]
+        checks.append({"seed": seed, "ref": ref[seed], "prior": prior, **regime_check(reference, *acc), "split": split})
     return checks
+
+
+def regime_split_text(checks: list[dict[str, Any]]) -> tuple[str, str]:
+    """Which split the check read (the word the bars' sentence uses) and the note that says why."""
+    test_seeds = [c["seed"] for c in checks if c["split"] == TEST]
+    if not test_seeds:
+        return "validation", (
+            "The check reads validation data only: the reference's epoch and learning rate and the rows' round are "
+            "chosen on validation loss, and their validation accuracies are compared; no test sample is read "
+            "before the results."
+        )
+    word = "test" if len(test_seeds) == len(checks) else "validation (test on some seeds)"
+    return word, (
+        f"**The check read the test split** on seeds {test_seeds}: their central references were computed before "
+        "references kept validation accuracies, and the reports of that time read test. Running the study again "
+        "(without --report-only) recomputes them, and the check then reads validation data only."
+    )
+
+
+def budget_text(totals: dict[str, int], note: str | None, confirmation: bool) -> str:
+    """Every row's budget across the table's revisions, and by how much they differ."""
+    where = "in the exploration it confirms, over all its revisions" if confirmation else "over all its revisions"
+    sizes = sorted(set(totals.values()))
+    if len(sizes) == 1:
+        text = f"every row tried {sizes[0]} settings {where}: equal budgets."
+    else:
+        rows = ", ".join(f"{label} {n}" for label, n in totals.items())
+        text = (
+            f"the settings each row tried {where}: {rows}. They differ, from {sizes[0]} to {sizes[-1]} settings "
+            f"({sizes[-1] / sizes[0]:.1f}x); each claim shows the budgets of its two rows."
+        )
+    return text + (f" ({note})" if note else "")
+
+
+def _claims(done: Conducted, totals: dict[str, int]) -> list[dict[str, Any]]:
+    return [
+        {**judge(done.study, done.runs, done.chosen, claim), "budgets": [totals[claim.higher], totals[claim.lower]]}
+        for claim in done.study.claims
+    ]
+
+
+def _noise_floors(done: Conducted) -> dict[str, float | None]:
+    return {m.label: noise_floor(done.study, done.runs, m.label, done.chosen[m.label]) for m in done.study.methods}
+
+
+def noise_floor_text(floors: dict[str, float | None]) -> str:
+    known = [f for f in floors.values() if f is not None]
+    if not known:
+        return (
+            "Noise floor: not known (the run folders hold no per-client test sizes, or the metric is not a "
+            "proportion of test samples)."
+        )
+    lo, hi = 100 * min(known), 100 * max(known)
+    span = f"{lo:.2f}" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f} to {hi:.2f}"
+    return (
+        f"Noise floor: a row's mean has a standard error of {span} points from its test sets alone (binomial, at "
+        "the row's accuracy and its clients' test sizes; mean over seeds); differences under about twice that "
+        "cannot be told apart on one seed."
+    )
 
 
 def results_json(done: Conducted) -> dict[str, Any]:
     """The study's numbers for the cross-study index (``scripts/reproductions_index.py``)."""
     study, runs, chosen = done.study, done.runs, done.chosen
-    totals = budget_total(done.history)
+    totals = budget_total(budget_history(done)[0])
+    floors = _noise_floors(done)
     rows = {}
     for m in study.methods:
         rr = row_runs(study, runs, m.label, chosen[m.label])
@@ -128,10 +204,20 @@ def results_json(done: Conducted) -> dict[str, Any]:
             **{c: [extra_score(s, c) for _, s, _ in rr] for c in study.columns},
             "ari": [a for _, s, _ in rr if (a := ari_of(s)) is not None],
             "budget_total": totals[m.label],
+            "noise_floor": floors[m.label],
         }
-    checks = [{k: v for k, v in c.items() if k != "ref"} for c in _regime_checks(done)]
+    checks = [{k: v for k, v in c.items() if k not in ("ref", "prior")} for c in _regime_checks(done)]
     metric = f"{study.metric.scope} test {study.metric.name}"
-    return {"title": study.title, "metric": metric, "regime": checks, "rows": rows}
+    return {
+        "title": study.title,
+        "metric": metric,
+        "regime": checks,
+        "rows": rows,
+        "seeds": study.seeds,
+        "explored_on": study.explored_on,
+        "confirms": study.confirms,
+        "claims": _claims(done, totals),
+    }
 
 
 def _results_rows(done: Conducted) -> list[dict[str, Any]]:
@@ -193,6 +279,8 @@ def report(done: Conducted) -> str:
 
     study = done.study
     checks = _regime_checks(done)
+    history, note = budget_history(done)
+    totals = budget_total(history)
     shown = os.path.relpath(done.runs.resolve())
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(TEMPLATE_DIR),
@@ -224,6 +312,12 @@ def report(done: Conducted) -> str:
         tuning=_tuning_rows(done),
         shown=shown,
         commands=_commands(done, shown),
+        split=regime_split_text(checks) if checks else ("validation", ""),
+        noise_text=noise_floor_text(_noise_floors(done)),
+        budget_text=budget_text(totals, note, study.confirms is not None),
+        claims=_claims(done, totals),
+        min_clients=MIN_BOOTSTRAP_CLIENTS,
+        resamples=BOOTSTRAP_RESAMPLES,
     )
 
 

@@ -10,6 +10,8 @@
     regime: {scope: auto, max_epochs: 40, lrs: [...], overrides: [...]}   # the central reference
     local_row: Local            # the rows the regime check reads (defaults shown)
     fedavg_row: FedAvg
+    claims:                     # the paper's claims the table tests, each "higher > lower" (two rows)
+    - {paper: 'Table 2: FedMerge beats FedAvg', higher: FedMerge d=5, lower: FedAvg}
     methods:
     - label: FedAvg
       overrides: [algorithm.name=fedavg]
@@ -72,6 +74,15 @@ class Row(_Strict):
         return product + [dict(p) for p in self.extra_points]
 
 
+class Claim(_Strict):
+    """A claim of the paper that the table tests: row ``higher`` is above row ``lower`` on the metric.
+    A claim about several rows is several such pairs (the report judges each on its own interval)."""
+
+    higher: str = Field(min_length=1)
+    lower: str = Field(min_length=1)
+    paper: str = ""  # where and how the paper states it (shown in the report)
+
+
 class RowChange(_Strict):
     """A revision's change to one row, by label: the fields it sets replace the row's."""
 
@@ -116,6 +127,16 @@ class _Fields(_Strict):
     # sizes). Its own seeds must be fresh: none of them may have informed any choice.
     explored_on: list[int] = []
     confirms: str | None = None  # the exploration study (and revision) whose chosen points it runs
+    claims: list[Claim] = []
+
+    @model_validator(mode="after")
+    def _claims_name_rows(self) -> _Fields:
+        labels = [m.label for m in self.methods]
+        for claim in self.claims:
+            for label in (claim.higher, claim.lower):
+                if label not in labels:
+                    raise ValueError(f"claim {claim.higher!r} > {claim.lower!r}: no row {label!r} (the rows: {labels})")
+        return self
 
     @model_validator(mode="after")
     def _fresh_seeds(self) -> _Fields:
@@ -277,6 +298,16 @@ def load_study_file(path: Path) -> StudyFile:
 
 def load_study(path: Path, revision: str | None = LATEST) -> Study:
     return load_study_file(path).at(revision)
+
+
+def explored_history(study: Study) -> list[Study]:
+    """The revisions in which a study's rows spent their tuning budget: a confirmation study's are its
+    exploration's (``confirms``: ``STUDY.yaml`` or ``STUDY.yaml revision REV``, up to that revision),
+    read from the working folder; any other study's, itself (its caller passes its own history)."""
+    if study.confirms is None:
+        return [study]
+    path, _, revision = study.confirms.partition(" revision ")
+    return load_study_file(Path(path)).history(revision or FIRST)
 
 
 def check(study: Study) -> None:

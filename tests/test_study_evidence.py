@@ -1,0 +1,288 @@
+"""A study's evidence (#37): the regime check reads validation only, each claim's 95% interval of the
+paired difference and its verdict, the noise floor, and one tuning budget per row across revisions."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from fedmerge.config.schema import ConfigError
+from fedmerge.core.training import LocalTraining
+from fedmerge.data.federated import ClientData, FederatedDataset
+from fedmerge.metrics.intervals import LEVEL, NOT_REPRODUCED, REPRODUCED, bootstrap_interval, paired_t_interval, verdict
+from fedmerge.metrics.noise import mean_accuracy_standard_error
+from fedmerge.study.evidence import judge, noise_floor
+from fedmerge.study.protocol import Conducted
+from fedmerge.study.regime import TEST, VAL, central_reference
+from fedmerge.study.report import _regime_checks, budget_history, budget_text, budget_total, report, results_json
+from fedmerge.study.spec import Claim, Study, StudyFile, load_study_file, run_key
+
+TINY = Path(__file__).resolve().parent / "data" / "study_tiny"
+
+
+# --- intervals ---------------------------------------------------------------------------------
+
+
+def test_the_paired_t_interval_is_the_hand_computed_one_and_scipys():
+    mean, low, high = paired_t_interval([1.0, 2.0, 3.0])
+    t = 0.95 / math.sqrt(2 * 0.975 * 0.025)  # t(0.975) with 2 df in closed form: (2p - 1) / sqrt(2p(1 - p))
+    half = t * 1.0 / math.sqrt(3)  # x sd 1 / sqrt(3)
+    assert (mean, low, high) == pytest.approx((2.0, 2.0 - half, 2.0 + half), abs=1e-12)
+    a, b = np.array([0.71, 0.74, 0.69, 0.77, 0.72]), np.array([0.70, 0.70, 0.71, 0.73, 0.69])
+    ci = stats.ttest_rel(a, b).confidence_interval(0.95)
+    assert paired_t_interval(a - b)[1:] == pytest.approx((ci.low, ci.high), abs=1e-12)
+    with pytest.raises(ValueError):
+        paired_t_interval([0.1])
+
+
+def test_the_bootstrap_over_clients_of_one_seed_is_the_exact_known_case():
+    # two clients with differences 0 and 1: the resampled mean is 0, 0.5 or 1 with probabilities 1/4, 1/2,
+    # 1/4, so the 2.5% and 97.5% points are 0 and 1
+    assert bootstrap_interval([[0.0, 1.0]], seed=3) == (0.5, 0.0, 1.0)
+    assert bootstrap_interval([[0.02] * 7, [0.02] * 9]) == pytest.approx((0.02, 0.02, 0.02))  # nothing varies
+
+
+def test_the_bootstrap_keeps_the_seed_to_seed_spread():
+    # no spread within a seed, all of it between seeds: resampling clients alone would give [0.5, 0.5]
+    assert bootstrap_interval([[0.0] * 20, [1.0] * 20]) == (0.5, 0.0, 1.0)
+
+
+def test_the_bootstrap_of_many_clients_is_the_normal_interval_and_is_seeded():
+    values = np.random.default_rng(1).normal(0.03, 0.1, size=400)
+    estimate, low, high = bootstrap_interval([values], seed=0)
+    half = 1.96 * values.std(ddof=1) / math.sqrt(len(values))
+    assert estimate == pytest.approx(values.mean())
+    assert low == pytest.approx(values.mean() - half, abs=0.1 * half)
+    assert high == pytest.approx(values.mean() + half, abs=0.1 * half)
+    assert bootstrap_interval([values], seed=0) == (estimate, low, high)
+    assert bootstrap_interval([values], seed=1) != (estimate, low, high)
+
+
+@pytest.mark.parametrize(
+    "low, high, word",
+    [
+        (1e-9, 2.0, REPRODUCED),
+        (0.0, 2.0, LEVEL),  # an end at zero: the interval contains it
+        (-1.0, 1.0, LEVEL),
+        (-2.0, 0.0, LEVEL),
+        (-2.0, -1e-9, NOT_REPRODUCED),
+    ],
+)
+def test_the_verdict_words_at_their_boundaries(low, high, word):
+    assert verdict(low, high) == word
+
+
+# --- run folders for a study -------------------------------------------------------------------
+
+
+def write_run(
+    runs: Path, key: str, test: list[float], val: list[float] | None = None, test_n: int = 50, with_metrics=True
+) -> None:
+    """A finished run whose clients have test (and validation) accuracies ``test`` (``val``) at round 2,
+    the best-validation round."""
+    folder = runs / key / f"{key}-20260101-000000"
+    folder.mkdir(parents=True)
+    (folder / "config.yaml").write_text("name: x\n")
+    val = val if val is not None else test
+    clients = {
+        str(c): {"test_acc": t, "test_n": float(test_n), "val_acc": v, "val_n": 8.0}
+        for c, (t, v) in enumerate(zip(test, val))
+    }
+    if with_metrics:
+        rows = [{"round": r, "eval": {"clients": clients if r == 2 else {}}} for r in (1, 2, 3)]
+        (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    part = {"clients": {"test_acc": {"mean": float(np.mean(test))}, "val_acc": {"mean": float(np.mean(val))}}}
+    summary = {"best_val": {**part, "round": 2}, "last": {**part, "round": 3}}
+    (folder / "summary.json").write_text(json.dumps(summary))
+
+
+def two_row_study(seeds: list[int], claims: list[Claim] | None = None) -> Study:
+    return Study(
+        title="t",
+        base="base.yaml",
+        seeds=seeds,
+        methods=[
+            {"label": "Local", "grid": {"algorithm.lr": [0.1]}},
+            {"label": "FedAvg", "grid": {"algorithm.lr": [0.1]}},
+        ],
+        claims=claims or [Claim(higher="FedAvg", lower="Local")],
+    )
+
+
+CHOSEN = {"Local": 0, "FedAvg": 0}
+
+
+def test_a_claim_with_many_clients_is_judged_by_the_bootstrap_of_the_per_client_differences(tmp_path):
+    rng = np.random.default_rng(0)
+    per_client = []
+    for seed in (0, 1, 2):
+        local = rng.uniform(0.4, 0.6, size=12)
+        fedavg = local + rng.normal(0.05, 0.02, size=12)
+        write_run(tmp_path, run_key("Local", 0, seed), list(local))
+        write_run(tmp_path, run_key("FedAvg", 0, seed), list(fedavg))
+        per_client.append(list(fedavg - local))
+    got = judge(two_row_study([0, 1, 2]), tmp_path, CHOSEN, Claim(higher="FedAvg", lower="Local"))
+    estimate, low, high = bootstrap_interval(per_client)
+    assert got["method"] == "bootstrap" and got["why"] == "3 seeds x 12 clients"
+    assert (got["difference"], got["low"], got["high"]) == pytest.approx((100 * estimate, 100 * low, 100 * high))
+    assert got["verdict"] == REPRODUCED and got["low"] > 0
+    flipped = judge(two_row_study([0, 1, 2]), tmp_path, CHOSEN, Claim(higher="Local", lower="FedAvg"))
+    assert flipped["verdict"] == NOT_REPRODUCED and flipped["high"] == pytest.approx(-got["low"])
+
+
+def test_a_claim_with_few_clients_is_judged_by_a_paired_t_over_seeds(tmp_path):
+    means = {0: (0.50, 0.52), 1: (0.60, 0.59), 2: (0.55, 0.58)}  # (Local, FedAvg) per seed, 3 clients each
+    for seed, (local, fedavg) in means.items():
+        write_run(tmp_path, run_key("Local", 0, seed), [local - 0.1, local, local + 0.1])
+        write_run(tmp_path, run_key("FedAvg", 0, seed), [fedavg - 0.1, fedavg, fedavg + 0.1])
+    got = judge(two_row_study([0, 1, 2]), tmp_path, CHOSEN, Claim(higher="FedAvg", lower="Local"))
+    ci = stats.ttest_rel([f for _, f in means.values()], [lo for lo, _ in means.values()]).confidence_interval()
+    assert got["method"] == "paired t" and "3 clients in a seed, too few to resample" in got["why"]
+    assert (got["low"], got["high"]) == pytest.approx((100 * ci.low, 100 * ci.high))
+    assert got["per_seed"] == pytest.approx([2.0, -1.0, 3.0])
+    assert got["verdict"] == LEVEL
+
+
+def test_without_per_client_metrics_a_claim_falls_back_to_the_paired_t(tmp_path):
+    for seed, shift in ((0, 0.1), (1, 0.12)):
+        write_run(tmp_path, run_key("Local", 0, seed), [0.5] * 20, with_metrics=False)
+        write_run(tmp_path, run_key("FedAvg", 0, seed), [0.5 + shift] * 20, with_metrics=False)
+    got = judge(two_row_study([0, 1]), tmp_path, CHOSEN, Claim(higher="FedAvg", lower="Local"))
+    assert got["method"] == "paired t" and "no per-client metrics" in got["why"]
+    one = judge(two_row_study([0]), tmp_path, CHOSEN, Claim(higher="FedAvg", lower="Local"))
+    assert one["verdict"] is None and one["method"] is None
+
+
+def test_the_noise_floor_is_the_binomial_standard_error_at_the_rows_test_sizes(tmp_path):
+    for seed in (0, 1):
+        write_run(tmp_path, run_key("Local", 0, seed), [0.6, 0.8] * 10, test_n=150)  # mean 0.7
+    got = noise_floor(two_row_study([0, 1]), tmp_path, "Local", 0)
+    assert got == pytest.approx(math.sqrt(20 * 0.7 * 0.3 / 150) / 20)
+    assert got == pytest.approx(mean_accuracy_standard_error([150] * 20, 0.7))
+
+
+# --- the regime check reads validation -----------------------------------------------------------
+
+
+def regime_reference(val: bool) -> dict:
+    ref = {"scope": "group", "mean": 0.95, "mean_prior": 0.96, "client_acc": [0.95]}
+    return {**ref, "val_mean": 0.90, "val_mean_prior": 0.91} if val else ref
+
+
+def conducted(tmp_path: Path, reference: dict, seeds=(0,)) -> Conducted:
+    study = two_row_study(list(seeds))
+    for seed in seeds:  # test accuracies 0.50 / 0.80, validation 0.70 / 0.78
+        write_run(tmp_path, run_key("Local", 0, seed), [0.5] * 4, val=[0.7] * 4)
+        write_run(tmp_path, run_key("FedAvg", 0, seed), [0.8] * 4, val=[0.78] * 4)
+    return Conducted(study, [study], tmp_path, CHOSEN, {s: reference for s in seeds})
+
+
+def test_the_regime_check_reads_validation_accuracies_only(tmp_path):
+    (check,) = _regime_checks(conducted(tmp_path, regime_reference(val=True)))
+    assert check["split"] == VAL
+    assert (check["reference"], check["local"], check["fedavg"]) == pytest.approx((0.90, 0.70, 0.78))
+    assert check["local_gap"] == pytest.approx(20.0) and check["fedavg_gap"] == pytest.approx(12.0)
+    assert check["passes"]  # on test (0.95 vs 0.50 / 0.80) FedAvg's gap would be 15, Local's 45: other numbers
+
+
+def test_a_reference_stored_without_validation_is_read_on_test_and_the_report_says_so(tmp_path):
+    done = conducted(tmp_path, regime_reference(val=False))
+    (check,) = _regime_checks(done)
+    assert check["split"] == TEST
+    assert (check["reference"], check["local"], check["fedavg"]) == pytest.approx((0.95, 0.50, 0.80))
+    assert "**The check read the test split** on seeds [0]" in report(done)
+    assert results_json(done)["regime"][0]["split"] == TEST
+
+
+def test_the_central_reference_scores_each_clients_validation_split():
+    gen = torch.Generator().manual_seed(0)
+    clients = []
+    for cid in range(2):
+        x = [torch.randn(80, 2, generator=gen) for _ in range(3)]
+        y = [(xi[:, 0] > 0).long() for xi in x]
+        y[1] = 1 - y[1] if cid == 1 else y[1]  # client 1's validation labels are the opposite rule
+        clients.append(ClientData(cid, x[0], y[0], x[1], y[1], x[2], y[2], group=0))
+    data = FederatedDataset(clients, 2, (2,), "synthetic")
+    ref = central_reference(data, {"name": "mlp", "hidden": []}, LocalTraining(lr=0.5), seed=0, max_epochs=5)
+    assert min(ref.client_acc) > 0.9  # both clients' test splits follow the training rule
+    assert ref.client_val_acc[0] > 0.9 and ref.client_val_acc[1] < 0.1
+    js = ref.to_json()
+    assert js["val_mean"] == pytest.approx(sum(ref.client_val_acc) / 2)
+    assert js["val_mean"] != pytest.approx(js["mean"])
+
+
+# --- claims in the study file; budgets ---------------------------------------------------------
+
+
+def test_a_claim_naming_no_row_is_refused():
+    with pytest.raises(ValueError, match="no row 'FedMerge'"):
+        two_row_study([0], [Claim(higher="FedMerge", lower="Local")])
+
+
+def test_a_confirmation_counts_the_budgets_its_exploration_spent_in_every_revision(tmp_path, monkeypatch):
+    for name in ("base.yaml", "study_tiny.yaml"):
+        shutil.copy(TINY / name, tmp_path / name)
+    monkeypatch.chdir(tmp_path)
+    explored = load_study_file(Path("study_tiny.yaml")).at("wide")
+    spec = StudyFile(
+        **{
+            **explored.model_dump(exclude={"revision", "tune_seed"}),
+            "seeds": [100, 101],
+            "explored_on": [0, 1],
+            "confirms": "study_tiny.yaml revision wide",
+            "methods": [
+                {**m.model_dump(), "grid": {"algorithm.lr": [0.2]}, "extra_points": []} for m in explored.methods
+            ],
+        }
+    )
+    confirm = spec.at()
+    done = Conducted(confirm, [confirm], tmp_path / "runs", {"Local": 0, "FedAvg": 0}, {})
+    history, note = budget_history(done)
+    assert note is None and budget_total(history) == {"Local": 2, "FedAvg": 3}  # not its own 1 and 1
+    assert budget_total([confirm]) == {"Local": 1, "FedAvg": 1}
+    gone = Conducted(confirm.model_copy(update={"confirms": "missing.yaml"}), [confirm], tmp_path, {}, {})
+    assert "could not be read" in budget_history(gone)[1]
+    text = budget_text({"Local": 2, "FedAvg": 3}, None, confirmation=True)
+    assert "Local 2, FedAvg 3" in text and "from 2 to 3 settings (1.5x)" in text
+    assert (
+        budget_text({"Local": 4, "FedAvg": 4}, None, False)
+        == "every row tried 4 settings over all its revisions: equal budgets."
+    )
+
+
+def test_a_missing_exploration_is_a_config_error(tmp_path, monkeypatch):
+    from fedmerge.study.spec import explored_history
+
+    monkeypatch.chdir(tmp_path)
+    study = two_row_study([5]).model_copy(update={"confirms": "nowhere.yaml revision wide"})
+    with pytest.raises(ConfigError):
+        explored_history(study)
+
+
+def test_a_stored_reference_without_validation_is_computed_again_unless_report_only(tmp_path, monkeypatch):
+    from fedmerge.study import protocol
+    from fedmerge.study.regime import CentralReference
+
+    shutil.copy(TINY / "base.yaml", tmp_path / "base.yaml")
+    monkeypatch.chdir(tmp_path)
+    fresh = CentralReference("all", [2], [0.1], [0.9], [0.9], [0.8], [0.85])
+    calls = []
+    monkeypatch.setattr(protocol, "load_data", lambda cfg: None)
+    monkeypatch.setattr(protocol, "central_reference", lambda *a, **k: calls.append(a[3]) or fresh)
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    old = json.dumps(regime_reference(val=False))
+    (runs / "regime-seed0.json").write_text(old)
+    study = two_row_study([0])
+    assert protocol.regime(study, runs, report_only=True)[0] == json.loads(old) and calls == []  # read as it is
+    assert protocol.regime(study, runs)[0]["val_mean"] == pytest.approx(0.8) and calls == [0]
+    assert (runs / "regime-seed0.test-only.json").read_text() == old  # nothing lost
+    protocol.regime(study, runs)
+    assert calls == [0]  # a reference with validation accuracies is read, not computed again
