@@ -1,4 +1,4 @@
-"""Open a local HTML file in headless Chromium over the DevTools protocol (tests only).
+"""Open a local HTML file or a loopback URL in headless Chromium over the DevTools protocol (tests only).
 
 Collects console messages, uncaught exceptions and browser log entries (failed resource loads), runs
 a JavaScript expression in the page and saves a full-page screenshot. Needs Debian's ``chromium``
@@ -83,6 +83,10 @@ class _Session:
 
 
 def open_page(html_file: Path, expression: str, screenshot: Path) -> PageResult:
+    return open_url(html_file.resolve().as_uri(), expression, screenshot)
+
+
+def open_url(url: str, expression: str, screenshot: Path) -> PageResult:
     from websockets.sync.client import connect
 
     with tempfile.TemporaryDirectory() as profile:
@@ -97,7 +101,7 @@ def open_page(html_file: Path, expression: str, screenshot: Path) -> PageResult:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=30) as resp:
                 target = next(t for t in json.load(resp) if t["type"] == "page")
             with connect(target["webSocketDebuggerUrl"], max_size=None, open_timeout=30) as ws:
-                return _inspect(_Session(ws), html_file, expression, screenshot)
+                return _inspect(_Session(ws), url, expression, screenshot)
         finally:
             proc.terminate()
             try:
@@ -119,10 +123,10 @@ def _devtools_port(proc: subprocess.Popen, profile: Path) -> int:
     raise RuntimeError("chromium did not open its DevTools port within 60 s")
 
 
-def _inspect(session: _Session, html_file: Path, expression: str, screenshot: Path) -> PageResult:
+def _inspect(session: _Session, url: str, expression: str, screenshot: Path) -> PageResult:
     for domain in ("Page", "Runtime", "Log"):
         session.call(f"{domain}.enable")
-    session.call("Page.navigate", url=html_file.resolve().as_uri())
+    session.call("Page.navigate", url=url)
     session.wait_for("Page.loadEventFired")
     session.drain(0.5)  # late console messages
     value = session.call("Runtime.evaluate", expression=expression, returnByValue=True)["result"].get("value")

@@ -69,7 +69,7 @@ def test_mnist_subset() -> None:
 
 
 @pytest.mark.skipif(
-    not HAS_OPENCV, reason="OpenCV digits.png absent: apt-get download opencv-doc, dpkg-deb -x (README.md, Data)"
+    not HAS_OPENCV, reason="OpenCV digits.png absent: apt-get download opencv-doc, dpkg-deb -x (docs/guide/data.md)"
 )
 def test_opencv_digits() -> None:
     pool = load_pool({"name": "opencv_digits"})

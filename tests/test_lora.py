@@ -177,7 +177,7 @@ def test_fedlora_keeps_personal_adapter_and_resumes_exactly(tmp_path):
 def test_regmean_sends_the_trained_heads_input_gram_and_no_adapter_gram(model_and_tokens):
     # On minilm_lora RegMean Gram-merges the head only: the LoRA factors are parameters applied to the
     # shared backbone by functional_call, not nn.Linear modules of the model, so they are n_i-averaged
-    # (README, after the methods table; the regmean module docstring). The head's Gram is that of the
+    # (docs/methods/aggregation.md; the regmean module docstring). The head's Gram is that of the
     # pooled features of the model *after* local training (B starts at 0: one step changes the features).
     from types import SimpleNamespace
 

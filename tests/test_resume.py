@@ -38,7 +38,7 @@ def test_resume_refuses_corrupt_checkpoint(tmp_path):
     ckpt = next((tmp_path / "r" / "checkpoints").glob("round-*.safetensors"))
     ckpt.write_bytes(ckpt.read_bytes()[:100])
     result = CliRunner().invoke(app, ["run", "--resume", str(tmp_path / "r"), "--no-progress"])
-    assert result.exit_code == 2  # a damaged run folder is an input error, as the README promises
+    assert result.exit_code == 2  # a damaged run folder is an input error, as docs/guide/runs.md promises
     assert "corrupt or truncated" in result.output and "Traceback" not in result.output
 
 

@@ -104,7 +104,7 @@ class UnseenSettings(BaseModel):
     """``unseen:`` section: how clients that never trained (``split.unseen_clients``) are onboarded.
 
     At every evaluation round each such client receives what the method sends a newcomer, builds its model
-    from it and its own training split by the method's rule (README, "Clients that never trained") and is
+    from it and its own training split by the method's rule (docs/guide/unseen-clients.md) and is
     tested on its test split; its metrics are logged as ``eval_unseen`` and never select a round."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)

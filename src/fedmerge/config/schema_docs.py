@@ -128,3 +128,25 @@ def keys_at(schema: type[BaseModel], loc: tuple[Any, ...]) -> list[str] | None:
         else:
             return None
     return None if cls is None else list(cls.model_fields)
+
+
+def markdown_table(cls: type[BaseModel]) -> str:
+    """The rows of ``describe`` as a Markdown table (the documentation site's option tables)."""
+    lines = ["| key | type | default | description |", "|---|---|---|---|"]
+    for row in describe(cls):
+        cells = [f"`{row.key}`", _code(row.type), _code(row.default), _cell(row.description)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _code(text: str) -> str:
+    # A pipe splits a table cell even inside a code span; the HTML entity does not.
+    return f"<code>{_html(text).replace('|', '&#124;')}</code>" if text else ""
+
+
+def _cell(text: str) -> str:
+    return _html(" ".join(text.split())).replace("|", "&#124;").replace("*", "\\*")
+
+
+def _html(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")

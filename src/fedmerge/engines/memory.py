@@ -5,7 +5,7 @@ gives such a block back to the operating system (``munmap``, or trimming the top
 the next round's updates land in fresh pages, and each first touch of a page is a page fault the
 kernel serves by zeroing it. Measured on a 2-core Xeon (MLP 784-200-10, 636 kB of weights, rounds
 of one-step clients at batch 32): 140-250 minor page faults per client, costing 0.1-0.45 ms of a
-client's 1.1 ms; with the two settings below there were none. A real run: README, "Speed".
+client's 1.1 ms; with the two settings below there were none. A real run: docs/performance/speed.md.
 
 :func:`keep_freed_memory` fixes glibc's mmap threshold at its maximum (blocks up to 32 MiB come from
 the heap) and raises its trim threshold, so freed blocks stay in the process and are reused. The
