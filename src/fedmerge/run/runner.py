@@ -141,6 +141,11 @@ def run_experiment(
         problem = privacy_problem(cfg.algorithm.name, privacy, model, sample.to(device))
         if problem is None and cfg.vectorize:
             problem = "vectorize: not with privacy (DP-SGD's per-sample step and the private aggregate run per client)"
+        if problem is None and privacy.secure_aggregation is not None and cfg.engine != "flower":
+            problem = (
+                "privacy.secure_aggregation: needs engine=flower (Flower's SecAgg+ protocol between the nodes); "
+                "the local engine runs every client in this process"
+            )
         if problem is not None:
             raise ConfigError(problem)
     try:
@@ -150,7 +155,7 @@ def run_experiment(
         )  # fmt: skip
     except ValueError as exc:  # settings that conflict with the model or the data (e.g. fedlora without LoRA)
         raise ConfigError(f"algorithm {cfg.algorithm.name!r}: {str(exc).splitlines()[0]}") from None
-    if privacy is not None:  # e.g. a target epsilon that no noise achieves
+    if privacy is not None and privacy.differential:  # e.g. a target epsilon that no noise achieves
         sizes = [int(data.clients[c].y_train.shape[0]) for c in range(num_clients)] if data is not None else []
         problem = algorithm.noise_problem(sizes)
         if problem is not None:
