@@ -11,6 +11,7 @@ import copy
 import pytest
 import torch
 from helpers import quick_config
+from test_flower_deploy import deployment  # noqa: F401  (a fixture)
 from test_flower_nodes import NodeGrid, deploy, export
 
 from fedmerge.run.results import RunStore
@@ -94,3 +95,50 @@ def test_secure_round_gives_the_weighted_mean_within_the_bound_and_the_server_no
             err = float((new.tensors[k].double() - v.double()).abs().max())
             assert err <= bound + 1e-6 * float(v.abs().max()), (rnd, k, err, bound)
         assert any(not torch.equal(new.tensors[k], before.tensors[k]) for k in before.tensors)
+
+
+@pytest.mark.slow
+def test_real_superlink_and_three_supernodes_aggregate_securely(tmp_path, deployment, task_identity):  # noqa: F811
+    """A SuperLink and three SuperNode processes (each with only its own client file), ``fedmerge deploy
+    run`` with SCAFFOLD under SecAgg+ for 2 rounds: the run completes with every client in each round's sum,
+    and its final server state equals a plain deployment's (in process, no secure aggregation) up to the
+    quantization's effect; each client sent one masked vector (its tensors and Flower's weight factor)."""
+    from helpers import run
+    from test_flower_deploy import export_three, fedmerge_cli, free_port, wait_for_port, write_connections
+
+    from fedmerge.config.schema import load_config
+    from fedmerge.core.checkpoint import load_checkpoint
+
+    procs, home = deployment
+    files = export_three(tmp_path / "clients")
+    port = free_port()
+    write_connections(home, {"local": f'address = "127.0.0.1:{port}"\ninsecure = true'})
+    link = procs.start("link", "flower-superlink", "--insecure", "--port", str(port),
+                       "--disable-runtime-dependency-installation")  # fmt: skip
+    wait_for_port(port, link)
+    for i, f in enumerate(files):
+        node_config = f'data-path="{f}" state-dir="{tmp_path / f"s{i}"}"'
+        procs.start(f"node{i}", "flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{port}",
+                    "--port", str(free_port()), "--node-config", node_config)  # fmt: skip
+    # one evaluation (each exchange costs every node a fresh ClientApp process)
+    overrides = ["rounds=2", "eval_every=2", "algorithm.name=scaffold", "algorithm.local_epochs=1", *SECURE]
+    out = tmp_path / "runs"
+    launch = procs.start("launch", *fedmerge_cli("deploy", "run", "local", *overrides, "--output-dir", str(out)))
+    try:
+        launch.wait(timeout=420)
+    except Exception:
+        pytest.fail(f"fedmerge deploy run did not end:\n{procs.log('launch')[-3000:]}")
+    assert launch.returncode == 0, procs.log("launch")[-3000:]
+    (run_dir,) = out.iterdir()
+    rows = RunStore(run_dir).read_metrics()
+    assert [r["secure_aggregation"]["clients"] for r in rows] == [[0, 1, 2], [0, 1, 2]]
+    secure = load_checkpoint(run_dir / "checkpoints").server_state.tensors
+    size = 1 + sum(v.numel() for v in secure.values())  # SCAFFOLD's update: the model and the control changes
+    assert all(c["up"] == size for r in rows for c in r["comm_clients"].values())
+
+    plain_cfg = load_config(None, [*overrides[:4], "engine=flower"])
+    plain = run(plain_cfg, tmp_path / "plain", grid=NodeGrid(files, tmp_path / "plain-state"), deployment=True)
+    reference = load_checkpoint(plain.run_dir / "checkpoints").server_state.tensors
+    assert secure.keys() == reference.keys()
+    for k, v in reference.items():
+        torch.testing.assert_close(secure[k], v, rtol=0, atol=1e-5)
