@@ -319,7 +319,7 @@ def test_refusals_are_one_line(tmp_path, overrides, message):
 def test_section_validation_is_one_line():
     with pytest.raises(ConfigError, match="set exactly one of noise_multiplier and target_epsilon"):
         load_config(None, ["privacy.dp_sgd.clip=1.0"])
-    with pytest.raises(ConfigError, match="set dp_sgd, central or both"):
+    with pytest.raises(ConfigError, match="set dp_sgd, central, secure_aggregation or several"):
         load_config(None, ["privacy={}"])
 
 

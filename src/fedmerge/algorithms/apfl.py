@@ -77,6 +77,7 @@ class APFL(GlobalModelAlgorithm):
         "through both), which local_sgd's DP step does not privatise"
     )
     central_dp_refusal = None
+    secure_aggregation_refusal = None
 
     def init_client_state(self, cid: int) -> ClientState:
         return ClientState(self.initial_weights(), {"alpha": self.config.alpha})

@@ -169,6 +169,10 @@ class StatisticsAlgorithm(GlobalModelAlgorithm):
         "does not cover"
     )
     central_dp_refusal = "merges with per-client statistics, so its server needs each update: not a mean"
+    secure_aggregation_refusal = (
+        "merges with each client's statistics (Grams, Fishers, class moments), so its server needs each update, "
+        "not their sum"
+    )
 
     stats_prefix: ClassVar[str]
 

@@ -56,12 +56,16 @@ class Ditto(GlobalModelAlgorithm):
     name = "ditto"
     dp_sgd_refusal = None
     central_dp_refusal = None
+    secure_aggregation_refusal = None
 
     def init_client_state(self, cid: int) -> ClientState:
         return ClientState(self.initial_weights())
 
     def aggregate(self, state: ServerState, rnd: int, updates: dict[int, Update]) -> ServerState:
         return ServerState(average_updates(updates, self.config.weighting), dict(state.meta))
+
+    def secure_weight(self, meta: dict) -> float:
+        return float(meta["num_examples"]) if self.config.weighting == "samples" else 1.0
 
     def client_update(
         self, payload: Payload, data: ClientDataLike, state: ClientState, ctx: ClientContext

@@ -22,4 +22,5 @@ class FedAvg(GlobalModelAlgorithm):
     name = "fedavg"
     dp_sgd_refusal = None
     central_dp_refusal = None
+    secure_aggregation_refusal = None
     vectorizable = True

@@ -32,6 +32,7 @@ class FedAvgFT(GlobalModelAlgorithm):
     name = "fedavg_ft"
     dp_sgd_refusal = None
     central_dp_refusal = None
+    secure_aggregation_refusal = None
     vectorizable = True  # training is FedAvg's; the fine-tuning (evaluation) stays per client
 
     def personalize(self, payload: Payload, data: ClientDataLike, state: ClientState, ctx: ClientContext) -> StateDict:

@@ -140,6 +140,9 @@ class FedEM(Algorithm):
         "local_sgd's DP step does not privatise"
     )
     central_dp_refusal = "averages each component model by the clients' responsibilities, not one mean"
+    secure_aggregation_refusal = (
+        "weights each component model by each client's responsibilities, so its server needs each update"
+    )
     config: FedEMConfig
 
     # --- state layout --------------------------------------------------------------------

@@ -50,6 +50,7 @@ class FedLoRA(Algorithm):
         "trains through a LoRA forward (forward=...), whose per-sample gradients local_sgd's DP step does not form"
     )
     central_dp_refusal = None
+    secure_aggregation_refusal = None
     config: FedLoRAConfig
 
     def __init__(self, config: FedLoRAConfig, model_factory: ModelFactory, num_clients: int, seed: int) -> None:

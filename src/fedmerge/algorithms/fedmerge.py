@@ -333,6 +333,10 @@ class FedMerge(Algorithm):
     central_dp_refusal = (
         "merges the clients' models with per-client learned weights, so its server needs each update: not a mean"
     )
+    secure_aggregation_refusal = (
+        "learns each client's merge weights from that client's own update, so its server needs each update, "
+        "not their sum"
+    )
     config: FedMergeConfig
 
     def __init__(self, config: FedMergeConfig, model_factory: ModelFactory, num_clients: int, seed: int) -> None:

@@ -25,4 +25,5 @@ class FedPer(PartialSharingAlgorithm):
     name = "fedper"
     dp_sgd_refusal = None
     central_dp_refusal = None
+    secure_aggregation_refusal = None
     share_head = False

@@ -77,6 +77,9 @@ class FedProto(Algorithm):
     name = "fedproto"
     dp_sgd_refusal = "sends class prototypes (feature means of its training data), which DP-SGD does not cover"
     central_dp_refusal = "aggregates class prototypes per class, not one mean of updates"
+    secure_aggregation_refusal = (
+        "averages each class's prototypes by each client's class counts, so its server needs each update"
+    )
     config: FedProtoConfig
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

@@ -36,6 +36,7 @@ class FedProx(GlobalModelAlgorithm):
     name = "fedprox"
     dp_sgd_refusal = None
     central_dp_refusal = None
+    secure_aggregation_refusal = None
     vectorizable = True
 
     def plain_sgd(self, payload: Payload, state: ClientState) -> PlainSGD:

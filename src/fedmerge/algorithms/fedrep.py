@@ -40,6 +40,7 @@ class FedRep(PartialSharingAlgorithm):
     name = "fedrep"
     dp_sgd_refusal = None
     central_dp_refusal = None
+    secure_aggregation_refusal = None
     share_head = False
 
     def phase(self, data: ClientDataLike, ctx: ClientContext, names: set[str], epochs: int, purpose: str) -> TrainStats:

@@ -90,6 +90,7 @@ class IFCA(Algorithm):
         " which DP-SGD does not cover"
     )
     central_dp_refusal = "averages per cluster, so its server needs each client's cluster"
+    secure_aggregation_refusal = "averages per cluster, so its server needs each client's update and cluster choice"
     config: IFCAConfig
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

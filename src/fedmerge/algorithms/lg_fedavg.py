@@ -25,4 +25,5 @@ class LGFedAvg(PartialSharingAlgorithm):
     name = "lg_fedavg"
     dp_sgd_refusal = None
     central_dp_refusal = None
+    secure_aggregation_refusal = None
     share_head = True

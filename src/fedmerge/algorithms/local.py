@@ -32,6 +32,7 @@ class Local(Algorithm):
     name = "local"
     dp_sgd_refusal = None
     central_dp_refusal = "sends nothing to the server"
+    secure_aggregation_refusal = "sends nothing to the server"
 
     def init_server_state(self) -> ServerState:
         return ServerState()

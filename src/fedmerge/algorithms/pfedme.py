@@ -54,6 +54,7 @@ class PFedMe(GlobalModelAlgorithm):
         "local_sgd's DP step does not privatise"
     )
     central_dp_refusal = "steps from the old model by beta times the mean (more than a mean when beta > 1)"
+    secure_aggregation_refusal = None  # (1 - beta) * old + beta * mean: a function of the mean
 
     def aggregate(self, state: ServerState, rnd: int, updates: dict[int, Update]) -> ServerState:
         avg = average_updates(updates)

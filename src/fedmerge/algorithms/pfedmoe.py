@@ -181,6 +181,7 @@ class PFedMoE(Algorithm):
         "trains a gated mixture of experts as a separate module, which local_sgd's DP step does not privatise"
     )
     central_dp_refusal = "has not been checked for central DP"
+    secure_aggregation_refusal = None  # the server averages the global expert only
     config: PFedMoEConfig
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -205,6 +206,9 @@ class PFedMoE(Algorithm):
 
     def aggregate(self, state: ServerState, rnd: int, updates: dict[int, Update]) -> ServerState:
         return ServerState(average_updates(updates, self.config.weighting), dict(state.meta))
+
+    def secure_weight(self, meta: dict) -> float:
+        return float(meta["num_examples"]) if self.config.weighting == "samples" else 1.0
 
     def client_optimized_parameters(self, model_parameters: int, client_states: Iterable[ClientState]) -> float:
         """Parameters one client trains per round (for the parameter budget): the global expert's body,

@@ -47,6 +47,7 @@ from fedmerge.core.privacy import (
     noise_for_epsilon,
     opacus_available,
 )
+from fedmerge.core.secure_sum import SummedUpdates
 from fedmerge.core.seeding import NO_CLIENT, torch_generator
 from fedmerge.core.training import batch_slices
 from fedmerge.core.types import ClientState, Payload, ServerState, Update
@@ -96,19 +97,49 @@ class CentralDPSettings(_Noise):
     clip_on_client: bool = Field(False, description="each client clips its own update before sending it")
 
 
+class SecureAggregationSettings(BaseModel):
+    """``privacy.secure_aggregation``: the server learns only the round's sum (Flower's SecAgg+; engine=flower)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_weight: float = Field(
+        10000.0, gt=0, description="bound on a client's weight (its training samples); the error grows with it"
+    )
+    clipping_range: float = Field(
+        8.0, gt=0, description="each value a client enters (its weighted change) must lie in [-range, range]"
+    )
+    num_shares: float = Field(
+        1.0,
+        gt=0,
+        description="neighbours that hold shares of a client's keys: a count (> 2) or a fraction of the round",
+    )
+    reconstruction_threshold: float = Field(
+        0.5, gt=0, description="shares needed to unmask a client: a count or a fraction of num_shares (at least 2)"
+    )
+
+
 class PrivacySettings(BaseModel):
-    """``privacy:`` section: differential privacy (docs/deployment.md, "Privacy"). Needs Opacus (accounting)."""
+    """``privacy:`` section: differential privacy (docs/deployment.md, "Privacy"; needs Opacus for accounting)
+    and secure aggregation."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     dp_sgd: DPSGDSettings | None = Field(None, description="sample-level DP-SGD in every client's local training")
     central: CentralDPSettings | None = Field(None, description="user-level DP on the server's aggregate")
+    secure_aggregation: SecureAggregationSettings | None = Field(
+        None, description="the server sees only the sum of the round's updates (Flower's SecAgg+, engine=flower)"
+    )
 
     @model_validator(mode="after")
     def _something(self) -> PrivacySettings:
-        if self.dp_sgd is None and self.central is None:
-            raise ValueError("set dp_sgd, central or both (or remove the privacy section)")
+        if self.dp_sgd is None and self.central is None and self.secure_aggregation is None:
+            raise ValueError("set dp_sgd, central, secure_aggregation or several (or remove the privacy section)")
         return self
+
+    @property
+    def differential(self) -> bool:
+        """Whether a DP mechanism is on (the method is then wrapped in :class:`PrivateAlgorithm`)."""
+        return self.dp_sgd is not None or self.central is not None
 
 
 def clients_per_round(num_clients: int, participation: float) -> int:
@@ -125,9 +156,17 @@ def planned_steps(n: int, cfg: AlgorithmConfig) -> int:
 
 def privacy_problem(name: str, settings: PrivacySettings, model: nn.Module, sample: torch.Tensor) -> str | None:
     """Why ``settings`` cannot apply to method ``name`` with ``model`` (one line), or None."""
-    if not opacus_available():
-        return INSTALL_HINT
     cls = ALGORITHMS.get(name).obj
+    if settings.secure_aggregation is not None:
+        if cls.secure_aggregation_refusal is not None:
+            return f"privacy.secure_aggregation: {name} {cls.secure_aggregation_refusal}"
+        if settings.central is not None:
+            return (
+                "privacy.secure_aggregation: not with privacy.central, whose server clips each update and so "
+                "must hold it (use dp_sgd, whose noise is added on the clients)"
+            )
+    if settings.differential and not opacus_available():
+        return INSTALL_HINT
     if settings.dp_sgd is not None:
         if cls.dp_sgd_refusal is not None:
             return f"privacy.dp_sgd: {name} {cls.dp_sgd_refusal}"
@@ -237,6 +276,24 @@ class PrivateAlgorithm(Algorithm):
 
     def client_optimized_parameters(self, model_parameters: int, client_states: Any) -> float:
         return self.inner.client_optimized_parameters(model_parameters, client_states)
+
+    # --- secure aggregation (with DP-SGD; central DP is refused): the inner method's rule ----------
+    def secure_weight(self, meta: dict[str, Any]) -> float:
+        return self.inner.secure_weight(meta)
+
+    def secure_summed(self, key: str) -> bool:
+        return self.inner.secure_summed(key)
+
+    def aggregate_summed(self, state: ServerState, rnd: int, summed: SummedUpdates) -> ServerState:
+        assert self.settings.central is None, "central DP clips each update: refused with secure aggregation"
+        book = self._book(state)
+        if self.settings.dp_sgd is not None:  # each client's epsilon travels in the clear with its metadata
+            ledger = book["dp_sgd"]
+            for cid in summed.clients:
+                ledger["epsilon"][str(cid)] = float(summed.metas[cid][KEY]["epsilon"])
+            ledger["clients"] = summed.clients
+        new = self.inner.aggregate_summed(self._without(state), rnd, summed)
+        return ServerState(new.tensors, {**new.meta, KEY: book})
 
     def aggregate(self, state: ServerState, rnd: int, updates: dict[int, Update]) -> ServerState:
         book = self._book(state)
@@ -475,6 +532,6 @@ def build_algorithm(
     """The configured method, wrapped in :class:`PrivateAlgorithm` when ``privacy`` is set (runner and
     Flower's ClientApp build it the same way)."""
     algorithm = ALGORITHMS.get(config.name).obj(config, model_factory, num_clients, seed)
-    if privacy is None:
+    if privacy is None or not privacy.differential:  # secure aggregation alone changes no client or server math
         return algorithm
     return PrivateAlgorithm(algorithm, privacy, rounds, clients_per_round(num_clients, participation))

@@ -60,6 +60,7 @@ class Scaffold(GlobalModelAlgorithm):
         "also sums control-variate updates (scaled by 1/N) beside the model mean, which one clipping bound "
         "does not cover"
     )
+    secure_aggregation_refusal = None  # the model's mean and the control variates' sum
 
     def init_server_state(self) -> ServerState:
         weights = self.initial_weights()
@@ -105,6 +106,12 @@ class Scaffold(GlobalModelAlgorithm):
         new_c_i = {k: c_i[k] - c[k] + (x[k] - y[k]) * scale for k in zeros}
         delta = {CONTROL + k: new_c_i[k] - c_i[k] for k in zeros}
         return Update({**y, **delta}, meta), ClientState(new_c_i, dict(state.meta))
+
+    def secure_weight(self, meta: dict) -> float:
+        return float(meta["num_examples"]) if self.config.weighting == "samples" else 1.0
+
+    def secure_summed(self, key: str) -> bool:
+        return key.startswith(CONTROL)  # the server adds the control-variate changes up (then / N)
 
     def aggregate(self, state: ServerState, rnd: int, updates: dict[int, Update]) -> ServerState:
         x, c = split_control(state.tensors)

@@ -122,6 +122,7 @@ class SuPerFed(GlobalModelAlgorithm):
         "gradients local_sgd's DP step does not form"
     )
     central_dp_refusal = None
+    secure_aggregation_refusal = None
     mode: ClassVar[str] = "mm"
 
     def init_client_state(self, cid: int) -> ClientState:

@@ -153,7 +153,9 @@ class RunSettings(BaseModel):
         None, description="onboarding of the clients that never train, split.unseen_clients (fedmerge list unseen)"
     )
     # None: no differential privacy; omitted from config.yaml so that existing run folders stay unchanged
-    privacy: PrivacySettings | None = Field(None, description="differential privacy (fedmerge list privacy)")
+    privacy: PrivacySettings | None = Field(
+        None, description="differential privacy and secure aggregation (fedmerge list privacy)"
+    )
     device: str = Field("cpu", pattern=r"^(cpu|cuda(:\d+)?|mps|auto)$", description="cpu, cuda, cuda:N, mps or auto")
     output_dir: str = Field("runs", description="where run folders are created")
     eval_batch_size: int = Field(1024, ge=1, description="batch size of evaluation (memory only, not results)")
@@ -518,7 +520,10 @@ def defaults_left_out(cfg: BaseModel) -> dict[str, Any]:
     left_out: dict[str, Any] = {"eval_clients": True} if getattr(cfg, "eval_clients", "all") == "all" else {}
     left_out |= {"plugins": True} if not getattr(cfg, "plugins", ()) else {}
     left_out |= {"vectorize": True} if not getattr(cfg, "vectorize", False) else {}
-    left_out |= {"privacy": True} if getattr(cfg, "privacy", None) is None else {}
+    privacy = getattr(cfg, "privacy", None)
+    left_out |= {"privacy": True} if privacy is None else {}
+    if privacy is not None and privacy.secure_aggregation is None:  # DP run folders from before it stay unchanged
+        left_out["privacy"] = {"secure_aggregation": True}
     left_out |= {"unseen": True} if getattr(cfg, "unseen", None) is None else {}
     left_out |= {"keep_freed_memory": True} if getattr(cfg, "keep_freed_memory", True) else {}
     for section, key, default in NESTED_ADDED_KEYS:

@@ -25,6 +25,7 @@ from torch import nn
 
 from .privacy import PrivateGradients
 from .registry import ComponentConfig, Registry
+from .secure_sum import SummedUpdates
 from .seeding import torch_generator
 from .training import LocalTraining
 from .types import ClientState, Payload, ServerState, Update
@@ -126,6 +127,10 @@ class Algorithm(ABC):
     # (weighted) mean of the updates' tensors, each the client's new value of a server-state tensor.
     dp_sgd_refusal: ClassVar[str | None] = "has not been checked for DP-SGD"
     central_dp_refusal: ClassVar[str | None] = "has not been checked for central DP"
+    # Secure aggregation (``privacy.secure_aggregation``, Flower's SecAgg+): None when the method's aggregate
+    # needs only the round's weighted mean of each update tensor (or its sum, ``secure_summed``), so that
+    # ``aggregate_summed`` equals ``aggregate``; else why not (one line, completing "{name} ...").
+    secure_aggregation_refusal: ClassVar[str | None] = "has not been checked for secure aggregation"
 
     def __init__(self, config: AlgorithmConfig, model_factory: ModelFactory, num_clients: int, seed: int) -> None:
         self.config = config
@@ -154,6 +159,21 @@ class Algorithm(ABC):
         """Small JSON-able server-side figures logged every round (e.g. merge weights: a list, or a
         :class:`ClientRows` whose rows are made only for the clients logged)."""
         return {}
+
+    # --- secure aggregation (admitted methods only) --------------------------------------------
+    def secure_weight(self, meta: dict[str, Any]) -> float:
+        """A client's weight in the round's mean, from its update's metadata (sent in the clear)."""
+        return float(meta["num_examples"])
+
+    def secure_summed(self, key: str) -> bool:
+        """Whether the server needs the sum of the update tensor ``key`` over the round, not its mean."""
+        return False
+
+    def aggregate_summed(self, state: ServerState, rnd: int, summed: SummedUpdates) -> ServerState:
+        """The aggregate from the round's combination alone: an admitted method's aggregate of one update
+        holding the weighted mean of every mean tensor and the sum of every summed one equals its aggregate
+        of the round's updates (tests/test_secure_aggregation.py checks this for every admitted method)."""
+        return self.aggregate(state, rnd, {summed.clients[0]: summed.combined})
 
     def client_optimized_parameters(self, model_parameters: int, client_states: Iterable[ClientState]) -> float:
         """Parameters one client optimises per round (budget accounting); default: one model."""

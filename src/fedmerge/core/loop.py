@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from .algorithm import ADAPT_EPOCHS, Algorithm, ClientRows
+from .secure_sum import SummedUpdates
 from .seeding import numpy_rng
 from .types import ClientState, Payload, ServerState, Update
 
@@ -25,7 +26,9 @@ class RoundFailed(RuntimeError):
 class Engine(Protocol):
     """Where client work runs. The engine holds client data and client states."""
 
-    def fit(self, algorithm: Algorithm, rnd: int, payloads: dict[int, Payload]) -> dict[int, Update]: ...
+    def fit(self, algorithm: Algorithm, rnd: int, payloads: dict[int, Payload]) -> dict[int, Update] | SummedUpdates:
+        """Each client's update; under secure aggregation, only the round's combination (:class:`SummedUpdates`)."""
+        ...
 
     def evaluate(
         self, algorithm: Algorithm, rnd: int, payloads: dict[int, Payload], *, newcomers: bool = False
@@ -190,10 +193,17 @@ def run_rounds(
         received = engine.fit(algorithm, rnd, payloads)
         if not received:
             raise RoundFailed(f"round {rnd}: no client returned an update")
-        updates, dropped = screen_updates(rnd, received)
-        if not updates:
-            raise RoundFailed(_all_dropped_message(rnd, algorithm, dropped))
-        state = algorithm.aggregate(state, rnd, updates)
+        secure = isinstance(received, SummedUpdates)
+        if secure:  # secure aggregation: the round's combination, each client's metadata, no update
+            updates, dropped = secure_view(rnd, received), []
+            state = algorithm.aggregate_summed(state, rnd, received)
+            values_up = dict(received.values_up)
+        else:
+            updates, dropped = screen_updates(rnd, received)
+            if not updates:
+                raise RoundFailed(_all_dropped_message(rnd, algorithm, dropped))
+            state = algorithm.aggregate(state, rnd, updates)
+            values_up = {cid: u.num_values() for cid, u in received.items()}
         record: dict[str, Any] = {
             "round": rnd,
             "selected": selected,
@@ -201,11 +211,13 @@ def run_rounds(
             # values crossing the wire per client: every tensor value of each payload sent and each
             # update received (mean over the clients); client states never count, they stay put
             "comm_down": float(np.mean([p.num_values() for p in payloads.values()])),
-            "comm_up": float(np.mean([u.num_values() for u in received.values()])),
+            "comm_up": float(np.mean(list(values_up.values()))),
             # the same per client of the round: "up" only for those that replied
-            "comm_clients": comm_per_client(payloads, received),
+            "comm_clients": comm_per_client(payloads, values_up),
             "fit_seconds": time.perf_counter() - t0,
         }
+        if secure:
+            record["secure_aggregation"] = {"clients": received.clients, "error_bound": received.error_bound}
         if dropped:  # same form as the clients an engine drops (merged with them by the runner)
             record["failed_clients"] = dropped
         gap = local_gap(updates)
@@ -228,14 +240,23 @@ def run_rounds(
     return state
 
 
-def comm_per_client(payloads: dict[int, Payload], received: dict[int, Update]) -> dict[str, dict[str, int]]:
+def comm_per_client(payloads: dict[int, Payload], values_up: Mapping[int, int]) -> dict[str, dict[str, int]]:
     """Tensor values sent to (``down``) and received from (``up``) each client of a round, by client id."""
     out: dict[str, dict[str, int]] = {}
     for cid in sorted(payloads):
         out[str(cid)] = {"down": payloads[cid].num_values()}
-        if cid in received:
-            out[str(cid)]["up"] = received[cid].num_values()
+        if cid in values_up:
+            out[str(cid)]["up"] = int(values_up[cid])
     return out
+
+
+def secure_view(rnd: int, summed: SummedUpdates) -> dict[int, Update]:
+    """What the round loop may read per client under secure aggregation: each update's metadata, no tensor.
+    The combination is screened instead of the updates (a client screens its own before masking it)."""
+    problem = update_problem(summed.combined, None)
+    if problem is not None:
+        raise RoundFailed(f"round {rnd}: the securely aggregated update is unusable: {problem}")
+    return {cid: Update({}, meta) for cid, meta in sorted(summed.metas.items())}
 
 
 Signature = tuple[tuple[str, tuple[int, ...], torch.dtype], ...]

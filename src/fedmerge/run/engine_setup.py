@@ -169,6 +169,7 @@ def open_engine(
         return FlowerEngine(
             target, fed, job, model, device, cfg.seed, options, pooled_test, cfg.eval_batch_size, mode=mode,
             run_key=new_run_key(cfg) if mode == DEPLOYMENT else "",
+            secure_aggregation=cfg.privacy.secure_aggregation if cfg.privacy is not None else None,
         )  # fmt: skip
 
     if grid is not None:  # a ServerApp was handed a Grid by the SuperLink (or a test's fake one)

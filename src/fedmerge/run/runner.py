@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from pydantic import BaseModel
 
-from fedmerge.algorithms.privacy import build_algorithm, privacy_problem
+from fedmerge.algorithms.privacy import build_algorithm, clients_per_round, privacy_problem
 from fedmerge.config.schema import ConfigError, config_warnings, load_config
 from fedmerge.config.tuned import load_tuned_config
 from fedmerge.core.loop import Newcomers
@@ -33,6 +33,18 @@ from fedmerge.run.results import CONFIG_FILE, FEDERATION_FILE, RunStore, new_run
 from fedmerge.run.resume import RESUME_OVERRIDABLE, resume_checkpoint
 from fedmerge.run.summary import TIMING_KEYS
 from fedmerge.run.tensorboard_log import require_tensorboard
+
+
+def secure_aggregation_problem(cfg: Any, num_clients: int) -> str | None:
+    """Why ``privacy.secure_aggregation`` cannot run as configured (one line), or None."""
+    if cfg.engine != "flower":
+        return (
+            "privacy.secure_aggregation: needs engine=flower (Flower's SecAgg+ protocol between the nodes); "
+            "the local engine runs every client in this process"
+        )
+    if clients_per_round(num_clients, cfg.participation) < 2:
+        return "privacy.secure_aggregation: needs at least 2 clients per round (the sum of one is its update)"
+    return None
 
 
 def run_experiment(
@@ -141,6 +153,8 @@ def run_experiment(
         problem = privacy_problem(cfg.algorithm.name, privacy, model, sample.to(device))
         if problem is None and cfg.vectorize:
             problem = "vectorize: not with privacy (DP-SGD's per-sample step and the private aggregate run per client)"
+        if problem is None and privacy.secure_aggregation is not None:
+            problem = secure_aggregation_problem(cfg, num_clients)
         if problem is not None:
             raise ConfigError(problem)
     try:
@@ -150,7 +164,7 @@ def run_experiment(
         )  # fmt: skip
     except ValueError as exc:  # settings that conflict with the model or the data (e.g. fedlora without LoRA)
         raise ConfigError(f"algorithm {cfg.algorithm.name!r}: {str(exc).splitlines()[0]}") from None
-    if privacy is not None:  # e.g. a target epsilon that no noise achieves
+    if privacy is not None and privacy.differential:  # e.g. a target epsilon that no noise achieves
         sizes = [int(data.clients[c].y_train.shape[0]) for c in range(num_clients)] if data is not None else []
         problem = algorithm.noise_problem(sizes)
         if problem is not None:

@@ -3,12 +3,27 @@
 
 from __future__ import annotations
 
-from flwr.app import ConfigRecord, Context, Message, RecordDict
+from typing import Any
+
+from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.clientapp import ClientApp
 
 from .protocol import DEPLOYMENT, JOB, partition_id
 
-app = ClientApp()
+SECAGG_CONFIGS = "secaggplus_configs"  # flwr.common.secure_aggregation.secaggplus_constants.RECORD_KEY_CONFIGS
+
+
+def secure_aggregation(msg: Message, context: Context, call_next: Any) -> Message:
+    """Flower's SecAgg+ client mod for the messages of its protocol (``privacy.secure_aggregation``); every
+    other message (the handshake, evaluation, training without it) goes straight to its handler."""
+    if msg.metadata.message_type == MessageType.TRAIN and SECAGG_CONFIGS in msg.content.config_records:
+        from flwr.client.mod import secaggplus_mod
+
+        return secaggplus_mod(msg, context, call_next)
+    return call_next(msg, context)
+
+
+app = ClientApp(mods=[secure_aggregation])
 
 
 @app.query()

@@ -17,12 +17,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import numpy as np
 import torch
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from torch import nn
 
 from fedmerge.core.algorithm import Algorithm
 from fedmerge.core.loop import RoundFailed  # noqa: F401  (re-exported: raised here)
+from fedmerge.core.secure_sum import SummedUpdates, combine
 from fedmerge.core.types import ClientState, Payload, ServerState, Update
 from fedmerge.data.client_files import ClientFileMeta, check_consistent
 from fedmerge.data.errors import ClientFileError
@@ -185,8 +187,11 @@ class FlowerEngine:
         on_client_done: Callable[[int], None] | None = None,
         mode: str = SIMULATION,
         run_key: str = "",
+        secure_aggregation: Any = None,
     ) -> None:
         self.grid = grid
+        # privacy.secure_aggregation: each round's training runs Flower's SecAgg+ (secure.py)
+        self.secure_aggregation = secure_aggregation
         self.job_json = json.dumps(job, sort_keys=True)
         self.mode = mode
         self.federation = federation
@@ -278,7 +283,9 @@ class FlowerEngine:
         self.run_key = str(meta.get("node_run_key") or self.run_key)
 
     # --- rounds ------------------------------------------------------------------------------
-    def fit(self, algorithm: Algorithm, rnd: int, payloads: dict[int, Payload]) -> dict[int, Update]:
+    def fit(self, algorithm: Algorithm, rnd: int, payloads: dict[int, Payload]) -> dict[int, Update] | SummedUpdates:
+        if self.secure_aggregation is not None:
+            return self._secure_fit(algorithm, rnd, payloads)
         need = min(self.options.min_replies, len(payloads))
         updates: dict[int, Update] = {}
         pending = dict(payloads)
@@ -317,6 +324,60 @@ class FlowerEngine:
     def pop_failures(self) -> list[dict[str, Any]]:
         out, self.failures = self.failures, []
         return out
+
+    def _secure_fit(self, algorithm: Algorithm, rnd: int, payloads: dict[int, Payload]) -> SummedUpdates:
+        """One round of training through Flower's SecAgg+: only the sum of the clients' vectors and each
+        client's metadata reach this process (``secure.py``). A client that fails in any stage is left out
+        of the sum (the protocol unmasks without it); too few, and the round stops with one line."""
+        from .secure import LAYOUT, META, STATE_BYTES, STATE_SHAPES, run_round, sum_settings
+
+        if len(payloads) < 2:
+            raise RoundFailed(
+                f"round {rnd}: secure aggregation needs at least 2 clients in a round, not {len(payloads)}"
+            )
+        self._rejoin(sorted(payloads))
+        settings = sum_settings(self.secure_aggregation, len(payloads))
+        contents = {}
+        for cid, payload in sorted(payloads.items()):
+            message = self._message(MessageType.TRAIN, algorithm, rnd, cid, payload, secure=settings.to_json())
+            contents[message.metadata.dst_node_id] = message.content
+        total, metrics, errors = run_round(
+            lambda messages, timeout: send_and_receive(self.grid, messages, timeout),
+            contents, rnd, self.secure_aggregation, self.options.round_timeout,
+        )  # fmt: skip
+        included = {self._cid_of[n]: m for n, m in metrics.items() if n in self._cid_of}
+        for cid in sorted(set(payloads) - set(included)):
+            node = self.node_of.get(cid, -1)
+            reason = _one_line(errors[node]) if node in errors else "left out of the secure sum (no reply in time)"
+            self._fail(rnd, cid, MessageType.TRAIN, reason)
+        need = max(2, min(self.options.min_replies, len(payloads)))
+        if total is None or len(included) < need:
+            reasons = "; ".join(f"client {f['cid']}: {f['reason']}" for f in self.failures if f["round"] == rnd)
+            raise RoundFailed(
+                f"round {rnd}: secure aggregation ended with {len(included)} of {len(payloads)} clients "
+                f"(needs {need}){': ' + reasons if reasons else ''}"
+            )
+        metas = {cid: json.loads(str(m[META])) for cid, m in sorted(included.items())}
+        layouts = {str(m[LAYOUT]) for m in included.values()}
+        if len(layouts) != 1:
+            raise RoundFailed(f"round {rnd}: the clients' secure vectors differ in layout, so their sum means nothing")
+        layout = [(k, d, list(s)) for k, d, s in json.loads(layouts.pop())]
+        weights = {cid: algorithm.secure_weight(meta) for cid, meta in metas.items()}
+        sent = {cid: payloads[cid].tensors for cid in metas}
+        tensors, bound = combine(total, layout, sent, weights, algorithm.secure_summed, settings)
+        combined = Update(tensors, {"num_examples": int(sum(int(m["num_examples"]) for m in metas.values()))})
+        size = 1 + sum(int(np.prod(s)) for _, _, s in layout)  # the masked vector (and its weight factor)
+        for cid, m in sorted(included.items()):
+            if self.mode == DEPLOYMENT:
+                self.state_round[cid] = max(self.state_round.get(cid, 0), rnd)
+                if STATE_SHAPES in m:
+                    self._state_shapes[cid] = state_stand_in(str(m[STATE_SHAPES]))
+            elif STATE_BYTES in m:
+                self._states[cid] = ClientState.from_bytes(bytes(m[STATE_BYTES]))
+            self._push.discard(cid)
+            if self.on_client_done is not None:
+                self.on_client_done(cid)
+        return SummedUpdates(combined, metas, bound, {cid: size for cid in metas})
 
     # --- messages ----------------------------------------------------------------------------
     def _exchange(
@@ -366,7 +427,14 @@ class FlowerEngine:
         self.failures.append({"round": rnd, "cid": cid, "phase": kind, "reason": reason})
 
     def _message(
-        self, kind: str, algorithm: Algorithm, rnd: int, cid: int, payload: Payload, onboard: bool = False
+        self,
+        kind: str,
+        algorithm: Algorithm,
+        rnd: int,
+        cid: int,
+        payload: Payload,
+        onboard: bool = False,
+        secure: str | None = None,
     ) -> Message:
         content = RecordDict()
         job: dict[str, Any] = {
@@ -378,6 +446,8 @@ class FlowerEngine:
         }
         if onboard:
             job["onboard"] = True
+        if secure is not None:  # the node answers with its vector for the secure sum (core/secure_sum.py)
+            job["secure_aggregation"] = secure
         if self.mode == DEPLOYMENT:
             job["state_round"] = self.state_round.get(cid, 0)
             job["keep_round"] = self._kept.get(cid, 0)

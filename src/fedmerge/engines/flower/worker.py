@@ -185,10 +185,35 @@ def _save_state(call: _Call, context: Context, content: RecordDict) -> None:
     put_record(content, STATE, state)  # simulation: a copy for the server's checkpoints
 
 
+def _secure_reply(call: _Call, context: Context, update: Any, settings: str) -> RecordDict:
+    """``privacy.secure_aggregation``: the update as its vector for the secure sum, which Flower's client mod
+    masks (and then empties every array of this reply); only the update's metadata stays readable."""
+    from fedmerge.core.secure_sum import SumSettings, layout_of, summands
+
+    from .secure import LAYOUT, META, STATE_BYTES, STATE_SHAPES, fit_reply
+
+    alg = call.worker.algorithm
+    weight = alg.secure_weight(update.meta)
+    vector = summands(update, call.payload.tensors, weight, alg.secure_summed, SumSettings.from_json(settings))
+    metrics: dict[str, Any] = {META: json.dumps(update.meta, sort_keys=True), LAYOUT: json.dumps(layout_of(update))}
+    state = call.worker.engine.client_states()[call.cid]
+    if call.store is not None:  # deployment: on this node's disk only
+        call.store.put(call.cid, state, call.rnd)
+        call.store.flush()
+        metrics[STATE_SHAPES] = state_shapes(state)
+    else:  # simulation: the copy for the server's checkpoints (bytes: the mod empties every array)
+        context.state[STATE_KEY] = state_to_config(state)
+        metrics[STATE_BYTES] = state.to_bytes()
+    return fit_reply(vector, metrics)
+
+
 def train(msg: Message, context: Context) -> Message:
     with ExitStack() as scope:
         call = _prepare(msg, context, "train", scope)
         update = call.worker.engine.fit(call.worker.algorithm, call.rnd, {call.cid: call.payload})[call.cid]
+        secure = msg.content.config_records[JOB].get("secure_aggregation")
+        if secure:
+            return Message(_secure_reply(call, context, update, str(secure)), reply_to=msg)
         content = RecordDict()
         put_record(content, UPDATE, update)
         _save_state(call, context, content)
