@@ -320,6 +320,13 @@ def test_pfedmoe_newcomer_trains_its_gate_and_head_with_both_experts_frozen(monk
     )
     assert {f"gate/{k}" for k in start} == set(after) - local
     assert all(not torch.equal(after[f"gate/{k}"], v) for k, v in start.items() if k.endswith("weight")), start.keys()
+    # by hand: the participant's starting network, SGD on the gate and the local head alone
+    moe = alg._load(received(alg, state, 2), data, ClientState(initial), mlp_context())
+    params = [*moe.gate.parameters(), *moe.local_expert.classifier.parameters()]
+    local_sgd(moe, data.x_train, data.y_train, sgd(2), torch_generator(0, 3, 9, "onboard"), params=params)
+    for k, v in {**moe.gate.state_dict(), **moe.local_expert.classifier.state_dict()}.items():
+        key = f"gate/{k}" if f"gate/{k}" in after else f"local/classifier.{k}"
+        assert torch.equal(after[key], v), key
 
 
 # --- every built-in method has a rule, and a test of it --------------------------------------------------------------
