@@ -295,7 +295,7 @@ def test_fedper_newcomer_trains_its_head_on_the_frozen_body():
 
 
 # --- same numbers everywhere ----------------------------------------------------------------------------------------
-@pytest.mark.parametrize("algo", ["fedmerge", "superfed_mm"])
+@pytest.mark.parametrize("algo", ["fedmerge", "superfed_mm", "fedem", "apfl"])
 def test_workers_and_resume_give_the_same_newcomer_numbers(tmp_path, algo):
     extra = ["algorithm.start_round=1"] if algo.startswith("superfed") else []
     cfg = quick_config(f"algorithm.name={algo}", *UNSEEN, *extra)
@@ -308,11 +308,12 @@ def test_workers_and_resume_give_the_same_newcomer_numbers(tmp_path, algo):
     assert_runs_identical(one.run_dir, resumed.run_dir)
 
 
-def test_flower_protocol_onboards_newcomers_as_the_local_engine(tmp_path, task_identity):
+@pytest.mark.parametrize("name", ["ditto", "fedmerge", "ifca", "fedem", "pfedmoe", "lg_fedavg"])
+def test_flower_protocol_onboards_newcomers_as_the_local_engine(tmp_path, task_identity, name):
     pytest.importorskip("flwr")
     from test_flower_engine import SMALL, FakeGrid
 
-    algo = ["algorithm.name=ditto", "split.unseen_clients=1", "unseen.adapt_epochs=1"]
+    algo = [f"algorithm.name={name}", "split.unseen_clients=1", "unseen.adapt_epochs=1"]
     grid = FakeGrid(4)  # 3 participants and 1 newcomer, one node each
     flower = run(quick_config(*SMALL, *algo, "engine=flower"), tmp_path / "flower", grid=grid)
     local = run(quick_config(*SMALL, *algo), tmp_path / "local")
