@@ -295,7 +295,7 @@ def test_fedper_newcomer_trains_its_head_on_the_frozen_body():
 
 
 # --- same numbers everywhere ----------------------------------------------------------------------------------------
-@pytest.mark.parametrize("algo", ["fedmerge", "superfed_mm"])
+@pytest.mark.parametrize("algo", ["fedmerge", "superfed_mm", "fedem", "apfl"])
 def test_workers_and_resume_give_the_same_newcomer_numbers(tmp_path, algo):
     extra = ["algorithm.start_round=1"] if algo.startswith("superfed") else []
     cfg = quick_config(f"algorithm.name={algo}", *UNSEEN, *extra)
@@ -308,11 +308,12 @@ def test_workers_and_resume_give_the_same_newcomer_numbers(tmp_path, algo):
     assert_runs_identical(one.run_dir, resumed.run_dir)
 
 
-def test_flower_protocol_onboards_newcomers_as_the_local_engine(tmp_path, task_identity):
+@pytest.mark.parametrize("name", ["ditto", "fedmerge", "ifca", "fedem", "pfedmoe", "lg_fedavg"])
+def test_flower_protocol_onboards_newcomers_as_the_local_engine(tmp_path, task_identity, name):
     pytest.importorskip("flwr")
     from test_flower_engine import SMALL, FakeGrid
 
-    algo = ["algorithm.name=ditto", "split.unseen_clients=1", "unseen.adapt_epochs=1"]
+    algo = [f"algorithm.name={name}", "split.unseen_clients=1", "unseen.adapt_epochs=1"]
     grid = FakeGrid(4)  # 3 participants and 1 newcomer, one node each
     flower = run(quick_config(*SMALL, *algo, "engine=flower"), tmp_path / "flower", grid=grid)
     local = run(quick_config(*SMALL, *algo), tmp_path / "local")
@@ -354,3 +355,31 @@ def test_comparison_tables_show_unseen_accuracy_and_gap_only_where_present():
     assert row.unseen.mean == pytest.approx(0.65) and row.gap.mean == pytest.approx(0.15)
     text = to_markdown(tables)
     assert "| fedavg | 2 | 80.00 ± 0.00 |" in text and "| 65.00 ± 7.07 | 15.00 ± 7.07 |" in text
+
+
+def test_a_study_can_score_the_newcomers_and_the_unseen_studies_expand():
+    from pathlib import Path
+
+    from fedmerge.study.protocol import score_on_test, val_score
+    from fedmerge.study.spec import Study, load_study_file
+
+    def stat(mean):
+        return {"mean": mean, "weighted_mean": mean, "std": 0.0, "worst10": mean}
+
+    best = {"clients": {"test_acc": stat(0.8), "val_acc": stat(0.7)}, "unseen": {"test_acc": stat(0.6)}}
+    study = Study(title="t", base="b.yaml", seeds=[0], metric={"scope": "unseen"}, methods=[{"label": "A"}])
+    assert score_on_test(study, {"best_val": best}) == 0.6
+    assert val_score({"best_val": best}, study) == 0.7  # tuning reads the participants
+    with pytest.raises(ConfigError, match="split.unseen_clients"):
+        score_on_test(study, {"best_val": {"clients": best["clients"]}})
+    root = Path(__file__).resolve().parents[1]
+    files = sorted((root / "studies" / "unseen").glob("*.yaml"))
+    assert len(files) == 2
+    for path in files:
+        spec = load_study_file(path)  # validates every point of every revision
+        first, adapted = spec.at("first"), spec.at("adapt2")
+        assert first.metric.scope == "unseen" and {200, 201, 202} == set(first.seeds)
+        assert all("unseen.adapt_epochs=2" in m.overrides for m in adapted.methods)
+        assert {m.label for m in first.methods} >= {"Ditto", "APFL", "pFedMe", "FedPer", "SuPerFed-MM", "FedEM M=5"}
+        base = load_config(str(root / first.base), [])
+        assert base.split.unseen_clients * 5 == base.partition.num_clients and base.unseen.adapt_epochs == 0

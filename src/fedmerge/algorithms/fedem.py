@@ -89,6 +89,21 @@ def e_step(losses: torch.Tensor, pi: torch.Tensor) -> tuple[torch.Tensor, torch.
     return q, q.mean(dim=1)
 
 
+EM_TOL = 1e-8  # a newcomer's EM stops when no mixture weight moves more than this
+EM_MAX_ITERATIONS = 1000
+
+
+def em_mixture_weights(losses: torch.Tensor, pi: torch.Tensor) -> torch.Tensor:
+    """The maximum-likelihood mixture weights for fixed per-sample losses (M, n), by EM from ``pi``: the
+    log-likelihood is concave in pi, so EM converges to its maximum (slowly where components are alike)."""
+    for _ in range(EM_MAX_ITERATIONS):
+        _, new = e_step(losses, pi)
+        if float((new - pi).abs().max()) <= EM_TOL:
+            return new
+        pi = new
+    return pi
+
+
 def mixture_loss(model: torch.nn.Module, models: list, pi: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> float:
     """NLL of the pi-mixture on (x, y); NaN on no data (the local-global gap is off)."""
     if y.numel() == 0:
@@ -251,17 +266,18 @@ class FedEM(Algorithm):
         return self.configure(state, rnd, cids)
 
     def newcomer_pi(self, payload: Payload, data: ClientDataLike, ctx: ClientContext) -> torch.Tensor:
-        """pi after ``adapt_epochs`` EM iterations on the training split (E-step, then pi = mean q), from the
-        uniform pi a participant starts with; each iteration is one pass over the data, the models frozen."""
+        """pi fitted by EM on the training split with the M models frozen, from the uniform pi a participant starts
+        with: the maximum-likelihood mixture weights, EM iterated to convergence. The models are frozen, so one
+        forward pass gives every loss and further iterations cost nothing; a fixed few iterations would leave pi
+        near uniform while the components are still flat (early rounds), so the newcomer would mix components
+        of other groups. Any budget > 0 therefore gives the same pi; 0 keeps it uniform."""
         pi = self.pi(ClientState()).to(ctx.device)
-        epochs, m_count = adapt_epochs(payload), self.config.num_components
-        if epochs == 0 or m_count == 1 or data.y_train.numel() == 0:
+        m_count = self.config.num_components
+        if adapt_epochs(payload) == 0 or m_count == 1 or data.y_train.numel() == 0:
             return pi
         logits = model_logits(ctx.model, self._models(payload.tensors), data.x_train)
         losses = F.cross_entropy(logits.flatten(0, 1), data.y_train.repeat(m_count), reduction="none")
-        for _ in range(epochs):
-            _, pi = e_step(losses.view(m_count, -1), pi)
-        return pi
+        return em_mixture_weights(losses.view(m_count, -1), pi)
 
     def onboard_variants(
         self, payload: Payload, data: ClientDataLike, ctx: ClientContext

@@ -211,7 +211,10 @@ def share_runs(study: Study, runs: Path, old_study: Study, old_runs: Path) -> in
 def score_on_test(study: Study, summary: dict[str, Any], when: str = "best_val") -> float:
     """The table's metric on the test split; a method without a server model (Local) falls back to
     the mean over its clients when the metric is the server's."""
-    part = summary[when].get(study.metric.scope) or summary[when]["clients"]
+    part = summary[when].get(study.metric.scope)
+    if part is None and study.metric.scope == "unseen":
+        raise ConfigError("metric.scope unseen: these runs have no clients that never trained (split.unseen_clients)")
+    part = part or summary[when]["clients"]
     value = part.get(f"test_{study.metric.name}", float("nan"))
     return value["mean"] if isinstance(value, dict) else value
 

@@ -104,10 +104,11 @@ class Regime(_Strict):
 
 class Metric(_Strict):
     """The table's metric: the clients' mean (``clients``) or the server model on the pooled test split
-    (``global``; a method without one falls back to the clients' mean); top-1 (``acc``), ``top5``, or
-    ROUGE-1 of generated answers (``rouge1``)."""
+    (``global``; a method without one falls back to the clients' mean), or the clients that never trained
+    (``unseen``: their mean at the round chosen on the participants' validation split; the base config sets
+    ``split.unseen_clients``); top-1 (``acc``), ``top5``, or ROUGE-1 of generated answers (``rouge1``)."""
 
-    scope: Literal["clients", "global"] = "clients"
+    scope: Literal["clients", "global", "unseen"] = "clients"
     name: Literal["acc", "top5", "rouge1"] = "acc"
 
 

