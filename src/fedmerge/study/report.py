@@ -108,8 +108,9 @@ def _regime_checks(done: Conducted) -> list[dict[str, Any]]:
         )
         if loc is None or fed is None:
             continue
-        acc = [x["best_val"]["clients"]["test_acc"]["mean"] for x in (loc, fed)]
-        checks.append({"seed": seed, "ref": ref[seed], **regime_check(ref[seed]["mean"], *acc)})
+        metric = f"test_{ref[seed].get('metric', 'acc')}"  # the reference's own metric (top-1 or ROUGE-1)
+        score = [x["best_val"]["clients"][metric]["mean"] for x in (loc, fed)]
+        checks.append({"seed": seed, "ref": ref[seed], **regime_check(ref[seed]["mean"], *score)})
     return checks
 
 
@@ -173,10 +174,18 @@ def _tuning_rows(done: Conducted) -> list[dict[str, Any]]:
                     "label": m.label,
                     "point": point_text(point),
                     "chosen": i == chosen[m.label],
-                    "score": pct([val_score(s, study)]) if s else "failed",
+                    "score": tuning_score_text(s, study),
                 }
             )
     return rows
+
+
+def tuning_score_text(summary: dict[str, Any] | None, study: Study) -> str:
+    """A tuning run's score as the tuning table shows it: validation metric in %, or the validation loss."""
+    if not summary:
+        return "failed"
+    score = val_score(summary, study)
+    return pct([score]) if study.select == "val_metric" else f"{-score:.4f}"
 
 
 def _commands(done: Conducted, shown: str) -> list[str]:
@@ -203,7 +212,7 @@ def report(done: Conducted) -> str:
         keep_trailing_newline=True,
     )
     env.filters["fmt"] = format  # {{ x|fmt(",.0f") }}
-    env.filters["pts"] = lambda fraction: f"{100 * fraction:.1f}"
+    env.filters["pts"] = lambda fraction: f"{100 * fraction:.1f}" if fraction == fraction else "-"  # NaN: none
     return env.get_template("study.md.j2").render(
         study=study,
         generator=GENERATOR,
