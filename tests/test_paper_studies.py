@@ -79,8 +79,8 @@ def test_there_is_a_study_for_every_headline_table():
 @pytest.mark.parametrize("path", STUDY_FILES, ids=lambda p: p.stem)
 def test_every_grid_point_of_every_row_is_a_valid_config(path: Path):
     study = load_study(path)
-    assert set(study) <= {"title", "description", "base", "seeds", "tune_seed", "metric", "columns", "regime",
-                          "methods"}  # fmt: skip
+    assert set(study) <= {"title", "description", "base", "seeds", "tune_seed", "metric", "select", "columns",
+                          "regime", "methods"}  # fmt: skip
     assert study["base"].startswith("configs/paper/") and (ROOT / study["base"]).is_file()
     # the description states the cost and the downloads; the comment above shows the arithmetic
     hours = re.search(r"about ([\d,.]+) GPU hours on one H100", study["description"])
@@ -417,3 +417,24 @@ def test_one_round_of_each_row_on_a_stand_in(row_id, cfg, stand_in, tmp_path):
     clients = summary["last"]["clients"]
     metric = "test_rouge1" if cfg["model"]["name"] == "causal_lm_lora" else "test_acc"
     assert 0.0 <= clients[metric]["mean"] <= 1.0 and math.isfinite(clients["test_nll"]["mean"])
+
+
+@pytest.mark.parametrize("name", ["fedmerge_t5_xnli", "fedmerge_t5_xquad"])
+def test_table_5s_regime_reference_runs_from_its_study_file_on_the_stand_in(name, stand_in, tmp_path, monkeypatch):
+    """The study runner's own reference step (``protocol.regime``) on the study as written, its base config cut
+    to the stand-in by regime overrides (CPU, the tiny LLaMA, 1 epoch): ROUGE-1 of generated answers per client."""
+    if not HAVE_HF:
+        pytest.skip('needs pip install "fedmerge[llm]"')
+    from fedmerge.study.protocol import regime
+    from fedmerge.study.spec import load_study
+
+    monkeypatch.chdir(ROOT)
+    study = load_study(Path("studies/paper") / f"{name}.yaml")
+    cut = ["device=cpu", "threads=1", f"dataset.path={stand_in['instructions']}", "dataset.max_tokens=48",
+           f"dataset.tokenizer={stand_in['llama']}", f"model.model={stand_in['llama']}", "model.dtype=float32",
+           "model.r=2", "model.max_new_tokens=3", "split.val_fraction=0.25", "split.test_fraction=0.25"]  # fmt: skip
+    small = study.model_copy(update={"regime": study.regime.model_copy(update={"overrides": cut, "max_epochs": 1}),
+                                     "seeds": [0]})  # fmt: skip
+    (ref,) = regime(small, tmp_path).values()
+    assert ref["metric"] == "rouge1" and ref["scope"] == "all" and len(ref["client_acc"]) == len(LANGUAGES)
+    assert all(0.0 <= v <= 1.0 for v in ref["client_acc"]) and ref["lrs"][0] in study.reference_lrs()

@@ -160,6 +160,7 @@ def regime(study: Study, runs: Path) -> dict[int, dict[str, Any]]:
         file = runs / f"regime-seed{seed}.json"
         if not file.exists():
             cfg = load_config(study.base, [*opts.overrides, f"seed={seed}"])
+            device = resolve_device(cfg.device)  # where the runs train (a paper study's GPU), refused now if absent
             ref = central_reference(
                 load_data(cfg),
                 cfg.model,
@@ -168,7 +169,7 @@ def regime(study: Study, runs: Path) -> dict[int, dict[str, Any]]:
                 scope=opts.scope,
                 max_epochs=opts.max_epochs,
                 lrs=study.reference_lrs(),
-                device=resolve_device(cfg.device),  # where the runs train: a paper study's GPU
+                device=device,
             )
             runs.mkdir(parents=True, exist_ok=True)
             commit, dirty = source_commit()
