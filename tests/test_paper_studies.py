@@ -438,3 +438,24 @@ def test_table_5s_regime_reference_runs_from_its_study_file_on_the_stand_in(name
     (ref,) = regime(small, tmp_path).values()
     assert ref["metric"] == "rouge1" and ref["scope"] == "all" and len(ref["client_acc"]) == len(LANGUAGES)
     assert all(0.0 <= v <= 1.0 for v in ref["client_acc"]) and ref["lrs"][0] in study.reference_lrs()
+
+
+def test_the_docs_list_every_study_with_the_hours_and_downloads_its_file_states():
+    """docs/paper_studies.md's table is the one generated from the study files (``scripts/paper_studies_table.py
+    --write`` after a change), a row per file, with the hours and downloads its description states."""
+    spec = importlib.util.spec_from_file_location("paper_studies_table", ROOT / "scripts" / "paper_studies_table.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    assert gen.current((ROOT / "docs" / "paper_studies.md").read_text()) == gen.section()
+    rows = gen.rows()
+    assert sorted(r["file"] for r in rows) == sorted(p.name for p in STUDY_FILES)
+    for r in rows:
+        description = load_study(STUDY_FILES[0].with_name(r["file"]))["description"]
+        assert f"about {r['hours']} GPU hours on one H100" in description and r["downloads"] in description
+    xquad = next(r for r in rows if r["file"] == "fedmerge_t5_xquad.yaml")
+    assert (xquad["paper"], xquad["hours"], xquad["new"]) == ("FedMerge Table 5", "123", "123")
+    t3 = next(r for r in rows if r["file"] == "fedmerge_t3_cluster.yaml")
+    assert (t3["hours"], t3["new"]) == ("423", "394")
+    assert "| FedMerge Table 3 | Cluster Non-IID" in gen.section() and "423 (394 new)" in gen.section()
+    readme = (ROOT / "README.md").read_text()
+    assert "docs/paper_studies.md" in readme and "| `fedmerge_t5_xnli" not in readme  # one table, in the docs
