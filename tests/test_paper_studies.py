@@ -79,8 +79,8 @@ def test_there_is_a_study_for_every_headline_table():
 @pytest.mark.parametrize("path", STUDY_FILES, ids=lambda p: p.stem)
 def test_every_grid_point_of_every_row_is_a_valid_config(path: Path):
     study = load_study(path)
-    assert set(study) <= {"title", "description", "base", "seeds", "tune_seed", "metric", "columns", "regime",
-                          "methods"}  # fmt: skip
+    assert set(study) <= {"title", "description", "base", "seeds", "tune_seed", "metric", "select", "columns",
+                          "regime", "methods"}  # fmt: skip
     assert study["base"].startswith("configs/paper/") and (ROOT / study["base"]).is_file()
     # the description states the cost and the downloads; the comment above shows the arithmetic
     hours = re.search(r"about ([\d,.]+) GPU hours on one H100", study["description"])
@@ -417,3 +417,45 @@ def test_one_round_of_each_row_on_a_stand_in(row_id, cfg, stand_in, tmp_path):
     clients = summary["last"]["clients"]
     metric = "test_rouge1" if cfg["model"]["name"] == "causal_lm_lora" else "test_acc"
     assert 0.0 <= clients[metric]["mean"] <= 1.0 and math.isfinite(clients["test_nll"]["mean"])
+
+
+@pytest.mark.parametrize("name", ["fedmerge_t5_xnli", "fedmerge_t5_xquad"])
+def test_table_5s_regime_reference_runs_from_its_study_file_on_the_stand_in(name, stand_in, tmp_path, monkeypatch):
+    """The study runner's own reference step (``protocol.regime``) on the study as written, its base config cut
+    to the stand-in by regime overrides (CPU, the tiny LLaMA, 1 epoch): ROUGE-1 of generated answers per client."""
+    if not HAVE_HF:
+        pytest.skip('needs pip install "fedmerge[llm]"')
+    from fedmerge.study.protocol import regime
+    from fedmerge.study.spec import load_study
+
+    monkeypatch.chdir(ROOT)
+    study = load_study(Path("studies/paper") / f"{name}.yaml")
+    cut = ["device=cpu", "threads=1", f"dataset.path={stand_in['instructions']}", "dataset.max_tokens=48",
+           f"dataset.tokenizer={stand_in['llama']}", f"model.model={stand_in['llama']}", "model.dtype=float32",
+           "model.r=2", "model.max_new_tokens=3", "split.val_fraction=0.25", "split.test_fraction=0.25"]  # fmt: skip
+    small = study.model_copy(update={"regime": study.regime.model_copy(update={"overrides": cut, "max_epochs": 1}),
+                                     "seeds": [0]})  # fmt: skip
+    (ref,) = regime(small, tmp_path).values()
+    assert ref["metric"] == "rouge1" and ref["scope"] == "all" and len(ref["client_acc"]) == len(LANGUAGES)
+    assert all(0.0 <= v <= 1.0 for v in ref["client_acc"]) and ref["lrs"][0] in study.reference_lrs()
+
+
+def test_the_docs_list_every_study_with_the_hours_and_downloads_its_file_states():
+    """docs/paper_studies.md's table is the one generated from the study files (``scripts/paper_studies_table.py
+    --write`` after a change), a row per file, with the hours and downloads its description states."""
+    spec = importlib.util.spec_from_file_location("paper_studies_table", ROOT / "scripts" / "paper_studies_table.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    assert gen.current((ROOT / "docs" / "paper_studies.md").read_text()) == gen.section()
+    rows = gen.rows()
+    assert sorted(r["file"] for r in rows) == sorted(p.name for p in STUDY_FILES)
+    for r in rows:
+        description = load_study(STUDY_FILES[0].with_name(r["file"]))["description"]
+        assert f"about {r['hours']} GPU hours on one H100" in description and r["downloads"] in description
+    xquad = next(r for r in rows if r["file"] == "fedmerge_t5_xquad.yaml")
+    assert (xquad["paper"], xquad["hours"], xquad["new"]) == ("FedMerge Table 5", "123", "123")
+    t3 = next(r for r in rows if r["file"] == "fedmerge_t3_cluster.yaml")
+    assert (t3["hours"], t3["new"]) == ("423", "394")
+    assert "| FedMerge Table 3 | Cluster Non-IID" in gen.section() and "423 (394 new)" in gen.section()
+    readme = (ROOT / "README.md").read_text()
+    assert "docs/paper_studies.md" in readme and "| `fedmerge_t5_xnli" not in readme  # one table, in the docs

@@ -22,3 +22,13 @@ def resolve_device(name: str) -> torch.device:
     if name == "mps" and not torch.backends.mps.is_available():
         raise DeviceUnavailable("device: 'mps' requested but it is not available")
     return torch.device(name)
+
+
+def peak_memory_mib(device: torch.device) -> float | None:
+    """The most CUDA memory tensors held on ``device`` since the previous call (MiB), the peak then reset
+    (a run's rounds, one after another: memory that grows over rounds shows); None off CUDA."""
+    if device.type != "cuda":
+        return None
+    peak = torch.cuda.max_memory_allocated(device) / 2**20
+    torch.cuda.reset_peak_memory_stats(device)
+    return peak

@@ -22,6 +22,7 @@ from fedmerge.core.checkpoint import (
 from fedmerge.core.loop import Engine, Newcomers, Schedule, run_rounds
 from fedmerge.core.state_store import StateStore, StoredStates
 from fedmerge.core.types import ServerState
+from fedmerge.engines.device import peak_memory_mib
 from fedmerge.models import count_parameters
 from fedmerge.run.progress import RoundProgress
 from fedmerge.run.provenance import record_segment
@@ -106,6 +107,7 @@ def record_rounds(
 
     record_segment(store.dir, start_round, segment.resume, segment.invocation)
     digest = config_digest(cfg)
+    peak_memory_mib(device)  # the first round's peak starts here
     t_start = time.perf_counter() - earlier_seconds
 
     def checkpoint(rnd: int, server_state: ServerState) -> None:
@@ -138,6 +140,9 @@ def record_rounds(
             if "eval_unseen" in record:
                 record["summary_unseen"] = summarize_eval(record["eval_unseen"]["clients"])
             record["elapsed_seconds"] = time.perf_counter() - t_start
+            peak = peak_memory_mib(device)  # on CUDA: this round's peak, so growth over rounds shows
+            if peak is not None:
+                record["gpu_peak_mib"] = peak
             store.append_metrics(record)
             if tensorboard is not None:
                 tensorboard.round(rnd, record)

@@ -8,7 +8,8 @@ from typing import Any
 from fedmerge.metrics import summarize
 
 HEADLINE = ("test_acc", "test_top5", "test_rouge1", "test_nll", "test_ece", "test_mce")
-TIMING_KEYS = ("fit_seconds", "eval_seconds", "wall_seconds", "elapsed_seconds")
+# measurements that differ between two runs of one config (gpu_peak_mib: a CUDA run's peak memory per round)
+TIMING_KEYS = ("fit_seconds", "eval_seconds", "wall_seconds", "elapsed_seconds", "gpu_peak_mib")
 
 
 def _lower_is_better(key: str) -> bool:

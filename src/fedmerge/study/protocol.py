@@ -1,15 +1,17 @@
 """The reproduction protocol, the same for every row of a study:
 
 1. Tuning: every grid point of every row runs on the tuning seed; the point with the best mean client
-   *validation* score (at the best-validation-loss round) is chosen. Every row has the same number of
+   *validation* score (at the best-validation-loss round) is chosen, or with ``select: val_loss`` the one
+   whose best round has the lowest mean client validation loss. Every row has the same number of
    points (the equal budget; ``fedmerge.study.spec``).
 2. The chosen point runs on every seed; rows report mean +- std over seeds at the best-validation round
    (the papers' model selection) and at the last round.
 3. The regime check: a central reference per seed (``fedmerge.study.regime``) against the tuned Local
    and FedAvg rows, on the validation split. ``regime: {scope, max_epochs, lrs}`` sets how the
    reference trains: at most ``max_epochs`` epochs, at the learning rates ``lrs`` (default: the Local
-   row's grid), chosen by validation loss. A stored reference from before validation accuracies were
-   kept is computed again when the study runs (kept as ``regime-seedN.test-only.json``); with
+   row's grid), chosen by validation loss, on the base config's ``device``. A causal LM's reference is
+   scored by ROUGE-1 of its generated answers, as its rows are. A stored reference from before validation
+   scores were kept is computed again when the study runs (kept as ``regime-seedN.test-only.json``); with
    ``--report-only`` it is read as it is, and the report says its check read the test split.
 
 Each run is one ``fedmerge run`` process (``fedmerge.sweep.launch``), in a folder of its own named by
@@ -33,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from fedmerge.config.schema import ConfigError, load_config
-from fedmerge.run.prepare import load_data
+from fedmerge.run.prepare import load_data, resolve_device
 from fedmerge.run.provenance import source_commit
 from fedmerge.run.results import DONE
 from fedmerge.study.regime import TEST, central_reference, reference_split
@@ -164,6 +166,7 @@ def regime(study: Study, runs: Path, report_only: bool = False) -> dict[int, dic
             file.replace(file.with_name(f"regime-seed{seed}.test-only.json"))
         if not file.exists():
             cfg = load_config(study.base, [*opts.overrides, f"seed={seed}"])
+            device = resolve_device(cfg.device)  # where the runs train (a paper study's GPU), refused now if absent
             ref = central_reference(
                 load_data(cfg),
                 cfg.model,
@@ -172,6 +175,7 @@ def regime(study: Study, runs: Path, report_only: bool = False) -> dict[int, dic
                 scope=opts.scope,
                 max_epochs=opts.max_epochs,
                 lrs=study.reference_lrs(),
+                device=device,
             )
             runs.mkdir(parents=True, exist_ok=True)
             commit, dirty = source_commit()
@@ -245,8 +249,14 @@ def extra_score(summary: dict[str, Any], column: str) -> float:
 
 
 def val_score(summary: dict[str, Any] | None, study: Study) -> float:
-    """Tuning always reads the clients' validation split (the test split is withheld)."""
-    return summary["best_val"]["clients"][f"val_{study.metric.name}"]["mean"] if summary else float("-inf")
+    """What tuning maximises; it always reads the clients' validation split (the test split is withheld):
+    their mean validation metric at the best-validation round, or (``select: val_loss``) minus their
+    mean validation loss there."""
+    if not summary:
+        return float("-inf")
+    if study.select == "val_loss":
+        return -summary["best_val"]["val_nll"]
+    return summary["best_val"]["clients"][f"val_{study.metric.name}"]["mean"]
 
 
 # --- a whole study -----------------------------------------------------------------------------

@@ -8,10 +8,15 @@ evaluated on each client's own split. Epochs (and the learning rate, from a grid
 the pooled validation loss, as rounds and hyper-parameters are chosen for the federated methods.
 
 The check reads validation data only (``VAL``): the reference's and the tuned Local and FedAvg rows'
-mean client validation accuracy, at the epoch and round chosen on validation loss; the test split stays
-unread until the table. References computed before the reference kept validation accuracies
+mean client validation score, at the epoch and round chosen on validation loss; the test split stays
+unread until the table. References computed before the reference kept validation scores
 (``client_val_acc``) can only be checked on the test split (``TEST``), as the published reports were;
 ``reference_split`` says which split a stored reference allows, and the report states it.
+
+A classifier's reference is scored by top-1; a model that generates text (a causal LM with LoRA) by
+ROUGE-1 of its generated answers, through the runs' own evaluation code (``generative_metrics``), its
+epochs chosen by the answer tokens' validation cross-entropy (the runs' ``val_nll``). It trains on the
+device it is given (the study's config's ``device``), as the runs do.
 
     check = regime_check(reference_mean, local_mean, fedavg_mean)   # gaps in points, pass/fail
 
@@ -30,6 +35,7 @@ from torch.nn import functional as F
 from fedmerge.core.seeding import NO_ROUND, torch_generator
 from fedmerge.core.training import LocalTraining, local_sgd, predict_logits
 from fedmerge.data import FederatedDataset
+from fedmerge.engines.evaluation import generative_metrics, is_generative
 from fedmerge.models import build_model
 
 LOCAL_GAP = 15.0  # points Local must sit below the central reference
@@ -48,10 +54,14 @@ class CentralReference:
     # The same model told the client's label distribution: logits + log(training-label frequency).
     # A label-skewed client's prior is worth a lot; this is the ceiling a personalised model could
     # reach by knowing it, reported next to the plain reference that the bars use.
+    # NaN for a generative model, which has no label distribution to be told.
     client_acc_prior: list[float]
     # The same two on each client's validation split: what the regime check reads.
     client_val_acc: list[float]
     client_val_acc_prior: list[float]
+    # What client_acc and client_val_acc hold: top-1 ("acc") or ROUGE-1 of generated answers ("rouge1");
+    # the regime check compares them with the Local and FedAvg rows' client mean of the same metric.
+    metric: str = "acc"
 
     @property
     def mean(self) -> float:
@@ -109,7 +119,8 @@ def central_reference(
     lrs: Sequence[float] | None = None,
     device: torch.device | str = "cpu",
 ) -> CentralReference:
-    """Train one model per unit on its pooled training data; per-client test top-1 at the best-val epoch.
+    """Train one model per unit on its pooled training data, on ``device``; per-client test top-1 (ROUGE-1
+    for a generative model) at the best-val epoch.
 
     ``lrs``: learning rates to try per unit (default: ``training.lr`` only); the (lr, epoch) with the
     lowest pooled validation loss is kept, so the reference is tuned as the federated rows are.
@@ -125,19 +136,21 @@ def central_reference(
     val_acc = [0.0] * data.num_clients
     val_acc_prior = [0.0] * data.num_clients
     chosen, chosen_lrs = [], []
+    generative = False
     for unit in units:
         members = [c for c in data.clients if scope == "all" or c.group == unit]
         model = build_model(model_cfg, data.input_shape, data.num_classes, generator=_gen(seed, "init")).to(device)
+        generative = is_generative(model)
         init = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        x_tr, y_tr = torch.cat([c.x_train for c in members]), torch.cat([c.y_train for c in members])
-        x_va, y_va = torch.cat([c.x_val for c in members]), torch.cat([c.y_val for c in members])
+        x_tr, y_tr = _pooled(members, "train", device)
+        x_va, y_va = _pooled(members, "val", device)
         best, best_epoch, best_lr, best_state = float("inf"), 0, training.lr, None
         for lr in lrs or [training.lr]:
             model.load_state_dict(init)
             cfg = training.model_copy(update={"lr": lr, "local_epochs": 1, "local_steps": None})
             for epoch in range(1, max_epochs + 1):
                 local_sgd(model, x_tr, y_tr, cfg, _gen(seed, f"central/{unit}/{epoch}"))
-                val = float(F.cross_entropy(predict_logits(model, x_va), y_va)) if len(y_va) else -epoch
+                val = _val_loss(model, x_va, y_va) if len(y_va) else -epoch
                 if val < best:
                     best, best_epoch, best_lr = val, epoch, lr
                     best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
@@ -145,14 +158,50 @@ def central_reference(
         chosen.append(best_epoch)
         chosen_lrs.append(best_lr)
         for c in members:
-            counts = torch.bincount(c.y_train, minlength=data.num_classes)
-            acc[c.cid], acc_prior[c.cid] = _accuracies(predict_logits(model, c.x_test), c.y_test, counts)
-            val_acc[c.cid], val_acc_prior[c.cid] = _accuracies(predict_logits(model, c.x_val), c.y_val, counts)
-    return CentralReference(scope, chosen, chosen_lrs, acc, acc_prior, val_acc, val_acc_prior)
+            if generative:
+                acc[c.cid], val_acc[c.cid] = (_rouge1(model, *_on(c, split, device)) for split in ("test", "val"))
+                acc_prior[c.cid] = val_acc_prior[c.cid] = NAN
+                continue
+            counts = torch.bincount(c.y_train, minlength=data.num_classes).to(device)
+            acc[c.cid], acc_prior[c.cid] = _accuracies(model, *_on(c, "test", device), counts)
+            val_acc[c.cid], val_acc_prior[c.cid] = _accuracies(model, *_on(c, "val", device), counts)
+    metric = "rouge1" if generative else "acc"
+    return CentralReference(scope, chosen, chosen_lrs, acc, acc_prior, val_acc, val_acc_prior, metric)
 
 
-def _accuracies(logits: torch.Tensor, y: torch.Tensor, label_counts: torch.Tensor) -> tuple[float, float]:
+NAN = float("nan")
+EVAL_BATCH = 1024  # as the runs evaluate (a generative model caps it at its own eval_batch_size)
+
+
+def _pooled(members: list[Any], split: str, device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
+    x = torch.cat([getattr(c, f"x_{split}") for c in members])
+    y = torch.cat([getattr(c, f"y_{split}") for c in members])
+    return x.to(device), y.to(device)
+
+
+def _val_loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
+    """The pooled validation loss the epoch is chosen by: cross-entropy of a classifier's logits, or a
+    generative model's cross-entropy per answer token (its runs' ``val_nll``)."""
+    if is_generative(model):
+        model.eval()
+        nll_sum, tokens = model.answer_nll(model, x, min(EVAL_BATCH, int(model.eval_batch_size)))
+        return nll_sum / tokens if tokens else NAN
+    return float(F.cross_entropy(predict_logits(model, x), y))
+
+
+def _on(client: Any, split: str, device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
+    return getattr(client, f"x_{split}").to(device), getattr(client, f"y_{split}").to(device)
+
+
+def _rouge1(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
+    return generative_metrics(model, model, x, EVAL_BATCH)["rouge1"] if len(y) else NAN
+
+
+def _accuracies(
+    model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, label_counts: torch.Tensor
+) -> tuple[float, float]:
     """Top-1 plain and with the log of the client's training-label frequencies added."""
+    logits = predict_logits(model, x)
     prior = label_counts.to(logits.dtype) + 1e-3
     return _accuracy(logits, y), _accuracy(logits + prior.log(), y)
 

@@ -124,8 +124,10 @@ def _regime_checks(done: Conducted) -> list[dict[str, Any]]:
             continue
         split = reference_split(ref[seed])
         reference, prior = reference_means(ref[seed], split)
-        acc = [x["best_val"]["clients"][f"{split}_acc"]["mean"] for x in (loc, fed)]
-        checks.append({"seed": seed, "ref": ref[seed], "prior": prior, **regime_check(reference, *acc), "split": split})
+        metric = f"{split}_{ref[seed].get('metric', 'acc')}"  # the reference's own metric (top-1 or ROUGE-1)
+        score = [x["best_val"]["clients"][metric]["mean"] for x in (loc, fed)]
+        check = regime_check(reference, *score)
+        checks.append({"seed": seed, "ref": ref[seed], "prior": prior, **check, "split": split})
     return checks
 
 
@@ -259,10 +261,18 @@ def _tuning_rows(done: Conducted) -> list[dict[str, Any]]:
                     "label": m.label,
                     "point": point_text(point),
                     "chosen": i == chosen[m.label],
-                    "score": pct([val_score(s, study)]) if s else "failed",
+                    "score": tuning_score_text(s, study),
                 }
             )
     return rows
+
+
+def tuning_score_text(summary: dict[str, Any] | None, study: Study) -> str:
+    """A tuning run's score as the tuning table shows it: validation metric in %, or the validation loss."""
+    if not summary:
+        return "failed"
+    score = val_score(summary, study)
+    return pct([score]) if study.select == "val_metric" else f"{-score:.4f}"
 
 
 def _commands(done: Conducted, shown: str) -> list[str]:
@@ -291,7 +301,7 @@ def report(done: Conducted) -> str:
         keep_trailing_newline=True,
     )
     env.filters["fmt"] = format  # {{ x|fmt(",.0f") }}
-    env.filters["pts"] = lambda fraction: f"{100 * fraction:.1f}"
+    env.filters["pts"] = lambda fraction: f"{100 * fraction:.1f}" if fraction == fraction else "-"  # NaN: none
     return env.get_template("study.md.j2").render(
         study=study,
         generator=GENERATOR,

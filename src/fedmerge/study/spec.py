@@ -7,6 +7,7 @@
     tune_seed: 0                # grid points run on this seed (default: the first seed)
     columns: [test_ece]         # extra columns: client means at the best-validation round
     metric: {scope: clients, name: acc}   # or scope: global (the server model), name: top5
+    select: val_metric          # a row's grid point: best validation metric; val_loss: lowest validation loss
     regime: {scope: auto, max_epochs: 40, lrs: [...], overrides: [...]}   # the central reference
     local_row: Local            # the rows the regime check reads (defaults shown)
     fedavg_row: FedAvg
@@ -120,6 +121,11 @@ class _Fields(_Strict):
     tune_seed: int | None = None
     columns: list[str] = []
     metric: Metric = Metric()
+    # How a row's grid point is chosen on the tuning seed, each run read at its round of lowest mean
+    # validation loss (``best_val``): by the clients' mean validation metric there (``val_metric``), or
+    # by that lowest validation loss itself (``val_loss``: the (point, round) of lowest validation loss
+    # over the whole grid, as FedMerge's LoRA experiment selects its checkpoint).
+    select: Literal["val_metric", "val_loss"] = "val_metric"
     regime: Regime = Regime()
     local_row: str = "Local"
     fedavg_row: str = "FedAvg"
