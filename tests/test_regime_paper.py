@@ -63,7 +63,8 @@ def test_the_reference_trains_and_scores_on_the_device_it_is_given(monkeypatch):
     ref = regime.central_reference(two_groups(), {"name": "mlp", "hidden": [4]}, LocalTraining(), 0, max_epochs=2,
                                    device="meta")  # fmt: skip
     assert ref.client_acc == [0.5] * 4 and ref.epochs == [1, 1]
-    assert [what for what, _ in seen].count("train") == 4 and [what for what, _ in seen].count("test") == 8
+    # scored: 4 clients x (test, validation) x (plain, with the client prior)
+    assert [what for what, _ in seen].count("train") == 4 and [what for what, _ in seen].count("test") == 16
     assert all(d == {"meta"} for _, d in seen), seen
 
 
@@ -82,7 +83,7 @@ def test_the_study_hands_the_configs_device_to_the_reference(tmp_path, monkeypat
 
     def spy(data, model_cfg, training, seed, **kw):
         asked.update(kw)
-        return regime.CentralReference("all", [1], [0.1], [0.5], [0.5])
+        return regime.CentralReference("all", [1], [0.1], [0.5], [0.5], [0.4], [0.4])
 
     monkeypatch.setattr(protocol, "central_reference", spy)
     out = protocol.regime(spec.at(), tmp_path / "runs")
@@ -218,10 +219,15 @@ def test_the_report_checks_a_causal_lms_regime_on_rouge1(monkeypatch, tmp_path):
     done = Conducted(study, [study], tmp_path, {"Local": 0, "FedAvg": 0}, {0: REF})
     text = report.report(done)
     assert "| 0 | all | 60.0 | - | 40.0 | 45.0 | 20.0 | 15.0 | yes |" in text
-    assert "ROUGE-1 of the greedy answers generated for each client's test prompts" in text
+    assert "ROUGE-1 of the greedy answers generated for each client's prompts" in text
     assert "label distribution reaches" not in text  # the classifier's prior sentence
     checks = report.results_json(done)["regime"]
-    assert checks[0]["local_gap"] == pytest.approx(20.0) and checks[0]["passes"]
+    assert checks[0]["local_gap"] == pytest.approx(20.0) and checks[0]["passes"] and checks[0]["split"] == "test"
+    # a reference that kept validation scores: the check reads the rows' validation ROUGE-1 (0.3) instead
+    with_val = {**REF, "val_mean": 0.55, "val_mean_prior": float("nan")}
+    done = Conducted(study, [study], tmp_path, {"Local": 0, "FedAvg": 0}, {0: with_val})
+    (check,) = report.results_json(done)["regime"]
+    assert check["split"] == "val" and check["local_gap"] == pytest.approx(25.0) == check["fedavg_gap"]
 
 
 def test_an_earlier_reference_without_a_metric_is_read_as_top1(monkeypatch, tmp_path):

@@ -105,7 +105,7 @@ def reference_means(reference: dict[str, Any], split: str) -> tuple[float, float
     """The stored reference's mean client accuracy on ``split``, plain and with the client prior."""
     if split == VAL:
         return reference["val_mean"], reference["val_mean_prior"]
-    return reference["mean"], reference["mean_prior"]
+    return reference["mean"], reference.get("mean_prior", float("nan"))  # the earliest references kept no prior
 
 
 def central_reference(
