@@ -53,6 +53,7 @@ class PrivacyRun:
     noise: str  # the noise as a reader wants it: "z=1", "target ε=8"
     clip: float | None
     epsilon: float | None
+    epsilon_mean: float | None  # DP-SGD: the clients' mean (the figure draws the largest)
     delta: float | None
     accuracy: float
 
@@ -74,7 +75,7 @@ def read_run(run_dir: str | Path, selection: str = "last") -> PrivacyRun:
     section = {k: v for k, v in (config.get("privacy") or {}).items() if v is not None}
     mechanism = "+".join(k for k in MECHANISMS if k in section) or "none"
     spent = summary.get("privacy") or {}
-    epsilon = delta = clip = None
+    epsilon = epsilon_mean = delta = clip = None
     noise = ""
     if mechanism in MECHANISMS:
         settings, figures = section[mechanism], spent.get(mechanism) or {}
@@ -82,6 +83,7 @@ def read_run(run_dir: str | Path, selection: str = "last") -> PrivacyRun:
         if key not in figures:
             raise ValueError(f"{summary_path}: no privacy.{mechanism}.{key}")
         epsilon, delta, clip = float(figures[key]), float(figures["delta"]), float(settings["clip"])
+        epsilon_mean = float(figures.get("epsilon_mean", epsilon))
         noise = noise_text(settings)
     kept = {k: v for k, v in config.items() if k not in NOT_FAMILY}
     return PrivacyRun(
@@ -95,6 +97,7 @@ def read_run(run_dir: str | Path, selection: str = "last") -> PrivacyRun:
         noise=noise,
         clip=clip,
         epsilon=epsilon,
+        epsilon_mean=epsilon_mean,
         delta=delta,
         accuracy=accuracy,
     )
@@ -146,6 +149,7 @@ class Point:
     clip: float | None
     seeds: list[int]
     epsilons: list[float]
+    epsilon_means: list[float]
     deltas: list[float]
     accuracies: list[float]
 
@@ -205,6 +209,7 @@ def curves(runs: list[PrivacyRun], left_out: list[str] | None = None) -> Curves:
             clip=first.clip,
             seeds=seeds,
             epsilons=[r.epsilon for r in members if r.epsilon is not None],
+            epsilon_means=[r.epsilon_mean for r in members if r.epsilon_mean is not None],
             deltas=[r.delta for r in members if r.delta is not None],
             accuracies=[r.accuracy for r in members],
         )
@@ -284,23 +289,23 @@ def _reference(ax: Any, ref: Point, color: str, label: str, style: str) -> None:
 def privacy_table(data: Curves, selection: str = "last") -> str:
     """The figure's numbers as a Markdown table (percent), references first."""
     head = (
-        f"| method | mechanism | noise | clip | δ | ε (mean; min-max over seeds) | seeds | accuracy, "
-        f"{SELECTIONS[selection]} (%) |\n|---|---|---|---|---|---|---|---|"
+        "| method | mechanism | noise | clip | δ | ε (mean; min-max over seeds) | ε, clients' mean | seeds | "
+        f"accuracy, {SELECTIONS[selection]} (%) |\n|---|---|---|---|---|---|---|---|---|"
     )
     lines = [head]
     for p in [*data.references, *data.points]:
         if p.epsilons:
             lo, hi = min(p.epsilons), max(p.epsilons)
             eps = f"{p.epsilon:.3g}" + ("" if lo == hi else f" ({lo:.3g}-{hi:.3g})")
+            mean = f"{statistics.mean(p.epsilon_means):.3g}" if p.mechanism == "dp_sgd" else "-"
             delta = ", ".join(f"{d:g}" for d in sorted(set(p.deltas)))
         else:
-            eps, delta = "∞ (no DP)", "-"
+            eps, delta, mean = "∞ (no DP)", "-", "-"
         acc = f"{100 * p.accuracy:.1f}" + (f" ± {100 * p.accuracy_std:.1f}" if len(p.accuracies) > 1 else "")
         mechanism = MECHANISMS.get(p.mechanism, "none")
         clip = "-" if p.clip is None else f"{p.clip:g}"
-        lines.append(
-            f"| {p.label} | {mechanism} | {p.noise or '-'} | {clip} | {delta} | {eps} | {len(p.seeds)} | {acc} |"
-        )
+        cells = [p.label, mechanism, p.noise or "-", clip, delta, eps, mean, str(len(p.seeds)), acc]
+        lines.append("| " + " | ".join(cells) + " |")
     if data.left_out:
         lines.append("")
         lines += [f"Not drawn: {why}" for why in data.left_out]
