@@ -236,6 +236,7 @@ def privacy_figure(data: Curves, selection: str = "last") -> Any:
     """One panel per mechanism: epsilon (log) against accuracy, +- std over seeds; references dashed."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.ticker import FuncFormatter
 
     mechanisms = data.mechanisms()
     if not mechanisms:
@@ -269,6 +270,8 @@ def privacy_figure(data: Curves, selection: str = "last") -> Any:
             elif ref.label not in private:  # e.g. Local: a reference in every panel
                 _reference(ax, ref, "0.45", f"{ref.label} (no DP run)", ":")
         ax.set_xscale("log")
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))  # 10, 100: not 10^1
+        ax.xaxis.set_minor_formatter(FuncFormatter(_minor_label))
         deltas = sorted({d for p in data.points if p.mechanism == mechanism for d in p.deltas})
         at = f" at δ={deltas[0]:g}" if len(deltas) == 1 else " at each run's δ"
         ax.set_xlabel(EPSILON_TEXT[mechanism].replace(" (log", at + " (log"))
@@ -276,8 +279,17 @@ def privacy_figure(data: Curves, selection: str = "last") -> Any:
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize="x-small", loc="best")
     n = max((len(p.seeds) for p in [*data.points, *data.references]), default=0)
-    axes[0].set_ylabel(f"mean client test accuracy, {SELECTIONS[selection]}\n(mean ± std over {n} seeds)")
+    seeds = f"mean ± std over {n} seeds" if n > 1 else "1 seed"
+    axes[0].set_ylabel(f"mean client test accuracy, {SELECTIONS[selection]}\n({seeds})")
     return fig
+
+
+def _minor_label(value: float, _: int) -> str:
+    """Minor ticks of a log axis labelled at 2 and 5 times a power of ten only (an axis within one decade
+    has no major tick to read)."""
+    if value <= 0:
+        return ""
+    return f"{value:g}" if round(value / 10 ** math.floor(math.log10(value))) in (2, 5) else ""
 
 
 def _reference(ax: Any, ref: Point, color: str, label: str, style: str) -> None:
