@@ -88,3 +88,26 @@ def plot_budget_cmd(
     except (OSError, ValueError) as exc:  # OSError: an unwritable --out
         fail(f"--out {out_path}: {reason(exc)}" if isinstance(exc, OSError) else reason(exc), 2)
     out.print(f"plot saved to {path}", soft_wrap=True, highlight=False)
+
+
+@plot_app.command("privacy")
+def plot_privacy_cmd(
+    paths: list[Path] = typer.Argument(..., help="run folders, or folders holding them (a study's runs folder)"),
+    out_path: Path = typer.Option(Path("privacy.png"), "--out", help="PNG path"),
+    table: Path | None = typer.Option(None, "--table", help="also write the figure's numbers here (Markdown)"),
+    selection: str = typer.Option("last", "--round", help="last (the released model) or best_val"),
+) -> None:
+    """Privacy-utility curves: epsilon spent against accuracy, per method, mean ± std over seeds."""
+    from fedmerge.report.data import NoRuns, find_runs
+    from fedmerge.report.plot_privacy import SELECTIONS, plot_privacy
+
+    if selection not in SELECTIONS:
+        fail(f"--round {selection}: one of {', '.join(SELECTIONS)}", 2)
+    try:
+        run_dirs = [r.run_dir for r in find_runs(paths) if r.run_dir is not None]
+        path = plot_privacy(run_dirs, out_path, table, selection)
+    except NoRuns as exc:
+        fail(str(exc), 2)
+    except (OSError, ValueError) as exc:  # OSError: an unwritable --out or --table
+        fail(reason(exc), 2)
+    out.print(f"plot saved to {path}" + (f", numbers in {table}" if table else ""), soft_wrap=True, highlight=False)

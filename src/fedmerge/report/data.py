@@ -17,6 +17,7 @@ import yaml
 from fedmerge.config.schema import dataset_label
 from fedmerge.report.compare import DONE, INCOMPLETE, RunRecord
 from fedmerge.report.plot_budget import run_setting, setting_labels
+from fedmerge.report.plot_privacy import privacy_tag
 from fedmerge.run.results import CONFIG_FILE, SUMMARY_FILE, RunStore
 from fedmerge.sweep.runner import INDEX_FILE, is_sweep_dir, sweep_records
 
@@ -68,6 +69,8 @@ def loose_records(run_dirs: list[Path]) -> list[RunRecord]:
     for (d, config, summary, _), label in zip(infos, labels):
         dataset = dataset_label(config.get("dataset"))
         method = (config.get("algorithm") or {}).get("name", "?")
+        if tag := privacy_tag(config.get("privacy")):  # runs at several privacy settings stay apart
+            method = f"{method} ({tag})"
         status = DONE if summary is not None else INCOMPLETE
         records.append(RunRecord(d.name, method, f"{dataset}, {label}", int(config.get("seed", 0)), status, d, summary))
     return records

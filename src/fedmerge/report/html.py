@@ -3,7 +3,8 @@
 No network and no scripts: the CSS is inline and every figure is a matplotlib PNG inlined as base64.
 The page shows the comparison tables, learning curves per method (seeds as a +- std band), per-client
 accuracy distributions, the partition of each setting, the parameter budget, FedMerge merge-weight
-heatmaps, SuPerFed lambda curves, the failures, and per run its resolved config and the commands that
+heatmaps, SuPerFed lambda curves, privacy-utility curves (epsilon against accuracy) where runs used
+differential privacy, the failures, and per run its resolved config and the commands that
 made it (from ``provenance.jsonl``).
 """
 
@@ -54,6 +55,7 @@ class Report:
     budget: Figure | None = None
     merge_weights: list[Figure] = field(default_factory=list)
     lambdas: list[Figure] = field(default_factory=list)
+    privacy: list[Figure] = field(default_factory=list)
     runs: list[dict[str, Any]] = field(default_factory=list)
     problems: list[RunRecord] = field(default_factory=list)
 
@@ -91,6 +93,9 @@ def build_report(paths: list[Path], out: Path, title: str | None = None) -> Path
                 report.merge_weights.append(_safe(f"{setting}: {run.key}", lambda d=run.run_dir: _merge_png(d)))
             if has_lambda_curve(run.run_dir):
                 report.lambdas.append(_safe(f"{setting}: {run.key}", lambda d=run.run_dir: _lambda_png(d)))
+        done_here = [r.run_dir for r in mine if r.status == DONE]
+        if any("privacy" in (r.summary or {}) for r in mine if r.status == DONE):
+            report.privacy.append(_safe(f"{setting}", lambda d=done_here: _privacy_png(d)))
     done = [r for r in records if r.status == DONE]
     if done:
         report.budget = _safe("mean over seeds of each method and setting", lambda: _budget_png(done))
@@ -221,6 +226,12 @@ def _lambda_png(run_dir: Path) -> str:
     from fedmerge.report.plot_lambda import plot_lambda
 
     return _png_file(lambda path: plot_lambda(run_dir, path))
+
+
+def _privacy_png(run_dirs: list[Path]) -> str:
+    from fedmerge.report.plot_privacy import privacy_figure, read_curves
+
+    return png_of(privacy_figure(read_curves(run_dirs)))
 
 
 # --- runs --------------------------------------------------------------------------------------
