@@ -307,6 +307,7 @@ def network():
         net.close()
 
 
+@pytest.mark.processes
 def test_tls_authenticated_deployment_with_node_owned_data_and_state_survives_kill_9(tmp_path, network, deployment):
     """Three SuperNodes, each its own process with only its own client file and an empty HOME, run
     4 rounds of Ditto over TLS with SuperNode authentication; a SuperNode with an unregistered key is
@@ -487,6 +488,7 @@ def export_three(folder: Path, *extra: str) -> list[Path]:
     return export_clients(load_data(cfg), folder, source_digest=digest)  # as fedmerge export-clients does
 
 
+@pytest.mark.processes
 def test_bad_nodes_reach_the_operator_as_one_line_and_fail_the_command(tmp_path, deployment):
     """Another client's file, and files of two exports, each on its own SuperLink (in parallel): ``fedmerge
     deploy run`` streams the ServerApp's log, which holds the one line, and exits 1 repeating it with
@@ -544,6 +546,7 @@ def serverapp_token() -> str | None:
     return None
 
 
+@pytest.mark.processes
 def test_superlink_restart_with_its_database_then_resume_equals_an_uninterrupted_run(tmp_path, deployment):
     """TLS, SuperNode authentication, ``--database``. The nodes run under ``fedmerge deploy node`` with
     state folders that already hold another run's states. The SuperLink is killed (SIGKILL, with its

@@ -98,6 +98,7 @@ def test_secure_round_gives_the_weighted_mean_within_the_bound_and_the_server_no
 
 
 @pytest.mark.slow
+@pytest.mark.processes
 def test_real_superlink_and_three_supernodes_aggregate_securely(tmp_path, deployment, task_identity):  # noqa: F811
     """A SuperLink and three SuperNode processes (each with only its own client file), ``fedmerge deploy
     run`` with SCAFFOLD under SecAgg+ for 2 rounds: the run completes with every client in each round's sum,

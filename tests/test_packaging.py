@@ -66,18 +66,20 @@ def test_torch_is_a_compatible_range_not_a_pin():
 
 
 def ci_tail(fake_pytest: str) -> subprocess.CompletedProcess:
-    """Run .ci/run's test step with pytest replaced by ``fake_pytest`` (a shell command)."""
+    """Run .ci/run's test step with pytest replaced by ``fake_pytest`` (a shell command, run for each of the
+    two stages: the default run, then the real-process tests)."""
     script = (ROOT / ".ci" / "run").read_text()
-    tail = script[script.index("log=$(mktemp)") :].replace("python -m pytest -rs", fake_pytest)
-    return subprocess.run(["bash", "-c", "set -euo pipefail\n" + tail], capture_output=True, text=True)
+    tail = script[script.index("log=$(mktemp)") :].replace("python -m pytest -rs", "fake")
+    fake = f"fake() {{ {fake_pytest}; }}\n"
+    return subprocess.run(["bash", "-c", "set -euo pipefail\n" + fake + tail], capture_output=True, text=True)
 
 
 def test_ci_reports_skipped_tests_last_and_keeps_pytests_exit_status():
     skipped = ci_tail("{ echo 'SKIPPED [2] tests/x.py: absent'; echo '=== 5 passed, 2 skipped in 1.0s ==='; }")
     assert skipped.returncode == 0
-    assert skipped.stdout.strip().splitlines()[-1].startswith("CI: 2 test(s) SKIPPED")
-    failed = ci_tail("{ echo '=== 1 failed, 4 passed, 1 skipped in 1.0s ==='; exit 1; }")
-    assert failed.returncode == 1 and "1 test(s) SKIPPED" in failed.stdout
+    assert skipped.stdout.strip().splitlines()[-1].startswith("CI: 4 test(s) SKIPPED")  # 2 in each stage
+    failed = ci_tail("{ echo '=== 1 failed, 4 passed, 1 skipped in 1.0s ==='; return 1; }")
+    assert failed.returncode == 1 and "2 test(s) SKIPPED" in failed.stdout
     clean = ci_tail("{ echo '=== 5 passed in 1.0s ==='; }")
     assert clean.returncode == 0 and "SKIPPED" not in clean.stdout
 
