@@ -24,7 +24,7 @@ from fedmerge.core.types import Record
 from .node import NodeSettings
 
 SAVED = "saved"  # reply key (JOB record): where the node saved its model
-NOT_SAVED = "not_saved"  # reply key: the variants that are predictors, comma-separated
+NOT_SAVED = "not_saved"  # reply key: the variants that are predictors, a JSON list ("": the personalised model)
 
 
 def onboarded_path(settings: NodeSettings, cid: int, run_key: str, rnd: int) -> Path:
