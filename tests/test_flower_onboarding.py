@@ -252,3 +252,34 @@ elif sys.argv[1] == "ls":
         assert f'\n{key} = ""' in PYPROJECT
     bad = CliRunner().invoke(app, ["deploy", "onboard", "secure", "/srv/runs/x", "--round", "first"])
     assert bad.exit_code == 2 and "give last, best or a round number" in bad.output
+
+
+def test_a_deployed_runs_newcomer_is_saved_under_that_runs_key(tmp_path, trained, task_identity, monkeypatch, capsys):
+    """A run trained on three deployed nodes (federation.json, the run key in its checkpoints), then a site with a
+    client id it never trained: onboarded from that run, its model kept under the run's own key."""
+    from test_flower_nodes import deploy
+
+    from fedmerge.core.checkpoint import load_checkpoint
+
+    cfg = quick_config(*BASE, "partition.num_clients=3", "rounds=2", "algorithm.name=ditto")
+    participants = export(cfg, tmp_path / "participants")
+    result = deploy(tmp_path, cfg, NodeGrid(participants, tmp_path / "state"))
+    before = digests(result.run_dir)
+    _, _, files = trained("ditto")  # client 3 of the 5-client export is a newcomer here
+    grid = NodeGrid(files[3:4], tmp_path / "newcomer")
+    server_app(grid, {"onboard": str(result.run_dir)}, monkeypatch)
+    ((cid, metrics, notes),) = onboarded(grid)
+    key = load_checkpoint(result.run_dir / "checkpoints").meta["node_run_key"]
+    assert cid == 3 and Path(notes["saved"]).parent == tmp_path / "newcomer" / "node0" / f"run-{key}"
+    assert 0 <= metrics["test_acc"] <= 1 and digests(result.run_dir) == before
+    assert f"client 3: test_acc={metrics['test_acc']:.4f}" in capsys.readouterr().out
+    import shutil
+
+    other = tmp_path / "other-run"  # the same run, as if its federation had had 3 classes
+    shutil.copytree(result.run_dir, other)
+    federation = json.loads((other / "federation.json").read_text())
+    (other / "federation.json").write_text(json.dumps({**federation, "num_classes": 3}))
+    said = one_line_failure(NodeGrid(files[3:4], tmp_path / "n2"), {"onboard": str(other)}, monkeypatch, capsys)
+    assert said == (
+        "the newcomers' data (10 classes, input [1, 8, 8]) differ from the run's federation (3 classes, input [1, 8, 8])"
+    )
