@@ -281,5 +281,6 @@ def test_a_deployed_runs_newcomer_is_saved_under_that_runs_key(tmp_path, trained
     (other / "federation.json").write_text(json.dumps({**federation, "num_classes": 3}))
     said = one_line_failure(NodeGrid(files[3:4], tmp_path / "n2"), {"onboard": str(other)}, monkeypatch, capsys)
     assert said == (
-        "the newcomers' data (10 classes, input [1, 8, 8]) differ from the run's federation (3 classes, input [1, 8, 8])"
+        "the newcomers' data (10 classes, input [1, 8, 8]) differ from the run's federation "
+        "(3 classes, input [1, 8, 8])"
     )
