@@ -15,6 +15,9 @@ Where a client's state lives depends on the run's mode (``protocol``):
   keeps the newest version up to ``keep_round`` and those after it, and then uses the newest it has.
 - simulation: in ``context.state`` as the ClientState's bytes, with a copy in each reply for the
   server's checkpoints, so resume is exact as with the local engine.
+
+A client that never trained (an onboarding message) has no state and keeps none; deployed, it saves the model
+it builds in its own state-dir (``newcomer.py``) and replies with its metrics and that file's path.
 """
 
 from __future__ import annotations
@@ -245,7 +248,7 @@ def _onboard_deployed(call: _Call, run_key: str) -> RecordDict:
     return RecordDict(
         {
             METRICS: MetricRecord({k: float(v) for k, v in metrics.items()}),
-            JOB: ConfigRecord({SAVED: str(path), NOT_SAVED: ",".join(predictors)}),
+            JOB: ConfigRecord({SAVED: str(path), NOT_SAVED: json.dumps(predictors)}),
         }
     )
 
