@@ -28,6 +28,7 @@ Say = Callable[[str], None]
 
 COMPLETED = "finished:completed"
 RUN_CONFIG_KEYS = ("config", "overrides", "output-dir", "resume", "pooled-test", "command")
+ONBOARD_KEYS = ("onboard", "onboard-round", "adapt-epochs", "partition-ids")  # fedmerge deploy onboard
 
 
 class LaunchError(RuntimeError):
@@ -44,7 +45,8 @@ def flower_command(name: str) -> str:
 
 def run_config_argument(values: dict[str, str]) -> str:
     """``--run-config`` text: ``key="value"`` pairs (TOML strings), the keys that are set."""
-    return " ".join(f"{k}={json.dumps(v)}" for k, v in values.items() if k in RUN_CONFIG_KEYS and v)
+    keys = RUN_CONFIG_KEYS + ONBOARD_KEYS
+    return " ".join(f"{k}={json.dumps(v)}" for k, v in values.items() if k in keys and v)
 
 
 def _json_output(proc: subprocess.CompletedProcess) -> dict:

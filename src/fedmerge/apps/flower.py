@@ -15,6 +15,10 @@ A run that cannot start or go on (a node without a readable file, nodes that dis
 replies) stops with one line, ``fedmerge: error: ...``, in the ServerApp's log (``flwr run --stream``,
 ``flwr log``) and no traceback; Flower marks the run ``finished:failed`` with that line, which
 ``fedmerge deploy run`` turns into its exit status. Each round adds a line of progress.
+
+``onboard``: a run folder on the SuperLink's machine; instead of training, the SuperNodes of clients that never
+trained get their personalised models from it (``run/onboard.py``; ``onboard-round``: last, best or N;
+``adapt-epochs``; ``partition-ids``: comma-separated, default every newcomer online).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import shlex
+from pathlib import Path
 
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
@@ -85,6 +90,9 @@ def main(grid: Grid, context: Context) -> None:
     from fedmerge.run.runner import run_from_files
 
     rc = context.run_config
+    if str(rc.get("onboard", "")):
+        onboard(grid, rc)
+        return
     overrides = [*shlex.split(str(rc.get("overrides", ""))), "engine=flower"]
     if rc.get("output-dir"):
         overrides.append(f"output_dir={rc['output-dir']}")
@@ -108,6 +116,41 @@ def main(grid: Grid, context: Context) -> None:
         say(f"error: {line}")
         raise DeploymentFailed(line) from None
     say(f"results in {result.run_dir}")
+
+
+def onboard(grid: Grid, rc: dict) -> None:
+    """``onboard=RUN_DIR`` (``fedmerge deploy onboard``): onboard the newcomers' SuperNodes from that run folder
+    (read only); a line per newcomer with its test metrics and where its node saved its model. Fails (one line)
+    when a newcomer failed, after reporting the others."""
+    from fedmerge.config.schema import ConfigError
+    from fedmerge.core.checkpoint import CheckpointError
+    from fedmerge.core.loop import RoundFailed
+    from fedmerge.run.onboard import OnboardRequest, newcomer_line, onboard_run
+
+    ids = str(rc.get("partition-ids", "")).replace(",", " ").split()
+    try:
+        if not all(i.isdigit() for i in ids):
+            raise ConfigError(f"partition-ids {rc.get('partition-ids')!r}: give client ids, comma-separated")
+        epochs = str(rc.get("adapt-epochs", ""))
+        request = OnboardRequest(
+            Path(str(rc["onboard"])),
+            str(rc.get("onboard-round", "")) or "last",
+            int(epochs) if epochs.lstrip("-").isdigit() else None,
+            tuple(int(i) for i in ids) if ids else None,
+        )
+        if epochs and request.adapt_epochs is None:
+            raise ConfigError(f"adapt-epochs {epochs!r}: give a number of epochs")
+        result = onboard_run(request, grid, say)
+    except (ConfigError, CheckpointError, RoundFailed) as exc:
+        line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        say(f"error: {line}")
+        raise DeploymentFailed(line) from None
+    for newcomer in result.newcomers:
+        say(newcomer_line(newcomer))
+    if result.failures:
+        line = "; ".join(f"client {f['cid']} failed: {f['reason']}" for f in result.failures)
+        say(f"error: {line}")
+        raise DeploymentFailed(line)
 
 
 __all__ = ["DeploymentFailed", "client_app", "server_app"]

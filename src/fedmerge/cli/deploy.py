@@ -67,3 +67,43 @@ def node_cmd(ctx: typer.Context) -> None:
     except LaunchError as exc:
         fail(str(exc), 1)
     raise typer.Exit(supervise(argv, _say))
+
+
+@deploy_app.command("onboard")
+def onboard_cmd(
+    superlink: str = typer.Argument(..., help="the SuperLink connection (in $FLWR_HOME/config.toml), e.g. secure"),
+    run_dir: str = typer.Argument(..., help="the trained run folder, on the SuperLink's machine (read, never written)"),
+    round_: str = typer.Option(
+        "last", "--round", help="the checkpoint to onboard from: last, best (the best-validation round) or N"
+    ),
+    adapt_epochs: int | None = typer.Option(
+        None, "--adapt-epochs", min=0, help="the newcomers' adaptation budget (default: the run's unseen.adapt_epochs)"
+    ),
+    partition_id: list[int] = typer.Option(
+        None, "--partition-id", help="onboard this client (repeatable; default: every newcomer's SuperNode online)"
+    ),
+    app_dir: Path | None = typer.Option(None, "--app", help="a Flower App folder (default: written for this run)"),
+) -> None:
+    """Give the SuperNodes of clients that never trained their personalised models from a trained run: each
+    node builds and keeps its model, and reports only its metrics. Exits 0 only if every newcomer was onboarded."""
+    from fedmerge.apps.deploy import LaunchError, launch
+    from fedmerge.config.schema import ConfigError
+    from fedmerge.run.onboard import parse_round
+    from fedmerge.run.provenance import redact
+
+    try:
+        parse_round(round_)
+    except ConfigError as exc:
+        fail(str(exc), 2)
+    values = {
+        "onboard": str(Path(run_dir).expanduser().resolve()),
+        "onboard-round": round_,
+        "adapt-epochs": "" if adapt_epochs is None else str(adapt_epochs),
+        "partition-ids": ",".join(str(i) for i in partition_id or []),
+        "command": shlex.join(["fedmerge", *redact(sys.argv[1:])]),
+    }
+    try:
+        code = launch(superlink, values, _say, app_dir)
+    except LaunchError as exc:
+        fail(str(exc), 1)
+    raise typer.Exit(code)

@@ -10,7 +10,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from fedmerge.core.algorithm import Algorithm, ClientContext, ClientDataLike
+from fedmerge.core.algorithm import Algorithm, ClientContext, ClientDataLike, Predictor, StateDict
+from fedmerge.core.params import clone_state
 from fedmerge.core.seeding import derive_seed
 from fedmerge.core.state_store import MemoryStates, StoredStates
 from fedmerge.core.training import predict_logits
@@ -125,11 +126,19 @@ class LocalEngine:
         self, algorithm: Algorithm, rnd: int, cid: int, payload: Payload, state: ClientState | None
     ) -> tuple[Metrics, None]:
         """A newcomer's metrics: its models come from ``algorithm.onboard_variants``; it has no state and keeps none."""
+        return self.onboard_client(algorithm, rnd, cid, payload)[0], None
+
+    def onboard_client(
+        self, algorithm: Algorithm, rnd: int, cid: int, payload: Payload, keep: bool = False
+    ) -> tuple[Metrics, dict[str, StateDict | Predictor]]:
+        """Newcomer ``cid``'s metrics and, with ``keep``, the models they were measured on (state dicts copied
+        before evaluation loads them into the shared model): what a deployed newcomer saves on its own disk."""
         ctx = self._context(rnd, cid, "onboard")
         payload = payload.to(self.device)
         data = self.clients[cid]
         variants = algorithm.onboard_variants(payload, data, ctx)
-        return evaluate_client(algorithm, payload, data, ClientState(), ctx, self.eval_batch_size, variants), None
+        kept = {name: w if callable(w) else clone_state(w) for name, w in variants.items()} if keep else {}
+        return evaluate_client(algorithm, payload, data, ClientState(), ctx, self.eval_batch_size, variants), kept
 
     def _run_task(self, algorithm: Algorithm, kind: str, rnd: int, cid: int, payload: Payload, state: Any) -> Any:
         one = {"fit": self._fit_one, "evaluate": self._evaluate_one, "onboard": self._onboard_one}[kind]

@@ -35,6 +35,10 @@ output-dir = ""
 resume = ""
 pooled-test = ""
 command = ""
+onboard = ""
+onboard-round = ""
+adapt-epochs = ""
+partition-ids = ""
 """
 
 

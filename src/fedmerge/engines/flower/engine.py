@@ -164,6 +164,58 @@ def connect(grid: GridLike, options: FlowerOptions, mode: str, num_clients: int 
         time.sleep(0.2)
 
 
+def connect_newcomers(
+    grid: GridLike, options: FlowerOptions, participants: int, wanted: list[int] | None = None
+) -> Federation:
+    """The handshake of an onboarding (deployment): the SuperNodes of clients that never trained, i.e. whose client
+    id is ``participants`` or more. ``wanted``: wait (up to ``connect_timeout``) for exactly these clients; else
+    take every newcomer online once at least one is, and leave participants' nodes alone. Stops at a node that
+    cannot serve, a client id claimed twice, nodes whose files disagree, and a wanted client that trained."""
+    deadline = time.monotonic() + options.connect_timeout
+    node_of: dict[int, int] = {}
+    reports: dict[int, ClientFileMeta] = {}
+    asked: set[int] = set()
+    for pid in wanted or []:
+        if pid < participants:
+            raise FederationError(
+                f"partition-id {pid} took part in training (clients 0..{participants - 1}); onboarding is for "
+                "clients that never trained"
+            )
+    while True:
+        new = [n for n in grid.get_node_ids() if n not in asked]
+        for node, answer in _query(grid, new, DEPLOYMENT, max(deadline - time.monotonic(), 1.0)) if new else []:
+            asked.add(node)
+            if answer.get("error"):
+                raise FederationError(f"SuperNode {node} cannot serve: {answer['error']}")
+            pid = int(answer["partition_id"])
+            if pid < participants or (wanted is not None and pid not in wanted):
+                log.info("SuperNode %s serves client %s, which is not to be onboarded; left alone", node, pid)
+                continue
+            if pid in node_of and node_of[pid] != node:
+                raise FederationError(f"partition-id {pid} is claimed by two SuperNodes ({node_of[pid]}, {node})")
+            reports[pid] = meta_from_report(str(answer["data"]), f"SuperNode {node}")
+            try:
+                check_consistent(list(reports.values()))
+            except ClientFileError as exc:
+                raise FederationError(str(exc)) from None
+            node_of[pid] = node
+        missing = sorted(set(wanted) - set(node_of)) if wanted is not None else ([] if node_of else [-1])
+        if not missing:
+            size = max(max(node_of) + 1, *(m.num_clients for m in reports.values()))
+            return Federation(node_of, size, reports)
+        if time.monotonic() > deadline:
+            how = "start it with --node-config 'data-path=\"FILE\"' (its own client file)"
+            if wanted is None:
+                raise RoundFailed(
+                    f"no SuperNode of a client that never trained (client id {participants} or more) connected "
+                    f"within {options.connect_timeout:.0f}s; {how}"
+                )
+            raise RoundFailed(
+                f"no SuperNode for partition-id {missing[:10]} after {options.connect_timeout:.0f}s; {how}"
+            )
+        time.sleep(0.2)
+
+
 class FlowerEngine:
     """Runs client work on Flower SuperNodes (virtual or real). Server-side only.
 
@@ -317,6 +369,19 @@ class FlowerEngine:
     ) -> dict[int, Metrics]:
         replies = self._exchange(MessageType.EVALUATE, algorithm, rnd, payloads, onboard=newcomers)
         return {cid: {k: float(v) for k, v in replies[cid].metric_records[METRICS].items()} for cid in sorted(replies)}
+
+    def onboard(
+        self, algorithm: Algorithm, rnd: int, payloads: dict[int, Payload]
+    ) -> dict[int, tuple[Metrics, dict[str, str]]]:
+        """Deployment: each newcomer's metrics and what its node says of the model it kept (``newcomer.py``:
+        where it saved it); failures are in ``failures``."""
+        replies = self._exchange(MessageType.EVALUATE, algorithm, rnd, payloads, onboard=True)
+        out = {}
+        for cid, content in sorted(replies.items()):
+            notes = dict(content.config_records[JOB]) if JOB in content.config_records else {}
+            metrics = {k: float(v) for k, v in content.metric_records[METRICS].items()}
+            out[cid] = (metrics, {k: str(v) for k, v in notes.items()})
+        return out
 
     def evaluate_global(self, algorithm: Algorithm, state: ServerState) -> Metrics | None:
         return self._server.evaluate_global(algorithm, state)

@@ -15,6 +15,9 @@ Where a client's state lives depends on the run's mode (``protocol``):
   keeps the newest version up to ``keep_round`` and those after it, and then uses the newest it has.
 - simulation: in ``context.state`` as the ClientState's bytes, with a copy in each reply for the
   server's checkpoints, so resume is exact as with the local engine.
+
+A client that never trained (an onboarding message) has no state and keeps none; deployed, it saves the model
+it builds in its own state-dir (``newcomer.py``) and replies with its metrics and that file's path.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import torch
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 
 from fedmerge.algorithms.privacy import PrivacySettings, build_algorithm
-from fedmerge.core.algorithm import Algorithm
+from fedmerge.core.algorithm import Algorithm, adapt_epochs
 from fedmerge.core.types import ClientState, Payload
 from fedmerge.engines.device import resolve_device
 from fedmerge.engines.local import LocalEngine
@@ -105,6 +108,7 @@ class _Call:
     payload: Payload
     fresh: bool  # no state existed: the engine creates one
     store: Any  # deployment: the open StateStore
+    newcomer: NodeSettings | None = None  # a deployed client that never trained: where it saves its model
 
 
 def _state_digest(state: ClientState) -> str:
@@ -128,8 +132,18 @@ def _prepare(msg: Message, context: Context, phase: str, store_scope: Any) -> _C
     rnd = int(job["round"])
     payload = get_record(msg.content, PAYLOAD, Payload)
     if bool(job.get("onboard", False)):  # a client that never trained: no state is read, made or kept
-        if str(job.get("mode", SIMULATION)) == DEPLOYMENT:
-            raise ValueError("onboarding a deployed client is not supported yet")
+        if str(job.get("mode", SIMULATION)) == DEPLOYMENT:  # its own data; it keeps its model (newcomer.py)
+            settings = node_settings(dict(context.node_config))
+            cid = node_meta(settings).client_id
+            if int(job["cid"]) != cid:
+                raise ValueError(f"onboarding message for client {job['cid']} reached the SuperNode of client {cid}")
+            worker = _worker(job, settings)
+            if cid < worker.num_clients:
+                raise ValueError(
+                    f"client {cid} took part in training (clients 0..{worker.num_clients - 1}); onboarding is for "
+                    "clients that never trained"
+                )
+            return _Call(worker, cid, rnd, payload, False, None, settings)
         cid = partition_id(dict(context.node_config))
         worker = _worker(job, None)
         if not worker.num_clients <= cid < worker.num_clients + worker.unseen:
@@ -220,10 +234,32 @@ def train(msg: Message, context: Context) -> Message:
     return Message(content, reply_to=msg)
 
 
+def _onboard_deployed(call: _Call, run_key: str) -> RecordDict:
+    """A deployed newcomer: its model by the method's rule, saved in its own state-dir; the reply holds its
+    metrics and the file's path, never a weight."""
+    from .newcomer import NOT_SAVED, SAVED, save_onboarded
+
+    assert call.newcomer is not None
+    alg = call.worker.algorithm
+    metrics, models = call.worker.engine.onboard_client(alg, call.rnd, call.cid, call.payload, keep=True)
+    meta = {"algorithm": str(getattr(alg, "name", type(alg).__name__)), "adapt_epochs": adapt_epochs(call.payload)}
+    path, predictors = save_onboarded(call.newcomer, call.cid, run_key, call.rnd, models, meta)
+    print(f"fedmerge node: client {call.cid} onboarded from round {call.rnd}; model in {path}", file=sys.stderr)
+    return RecordDict(
+        {
+            METRICS: MetricRecord({k: float(v) for k, v in metrics.items()}),
+            JOB: ConfigRecord({SAVED: str(path), NOT_SAVED: json.dumps(predictors)}),
+        }
+    )
+
+
 def evaluate(msg: Message, context: Context) -> Message:
     with ExitStack() as scope:
         call = _prepare(msg, context, "evaluate", scope)
-        onboard = bool(msg.content.config_records[JOB].get("onboard", False))
+        job = msg.content.config_records[JOB]
+        if call.newcomer is not None:
+            return Message(_onboard_deployed(call, str(job["run_key"])), reply_to=msg)
+        onboard = bool(job.get("onboard", False))
         engine, payloads = call.worker.engine, {call.cid: call.payload}
         metrics = engine.evaluate(call.worker.algorithm, call.rnd, payloads, newcomers=onboard)[call.cid]
         content = RecordDict({METRICS: MetricRecord({k: float(v) for k, v in metrics.items()})})
