@@ -56,6 +56,8 @@ class Segment:
     invocation: dict[str, Any] | None = None
     # a deployed run: the dataset the nodes' files hold (the config's data sections are not used)
     dataset: str | None = None
+    # a local engine's worker processes (``workers`` resolved), recorded in provenance.jsonl
+    workers: int | None = None
 
 
 class Stopped(Exception):
@@ -104,7 +106,8 @@ def record_rounds(
         store.write_config(to_yaml(cfg))
         state = algorithm.init_server_state().to(device)
 
-    record_segment(store.dir, start_round, segment.resume, segment.invocation)
+    extra = {"workers": segment.workers} if segment.workers is not None else {}
+    record_segment(store.dir, start_round, segment.resume, {**(segment.invocation or {}), **extra} or None)
     digest = config_digest(cfg)
     t_start = time.perf_counter() - earlier_seconds
 
@@ -172,6 +175,8 @@ def record_rounds(
         "client_groups": groups if all(g is not None for g in groups) else None,
         "wall_seconds": time.perf_counter() - t_start,
     }
+    if isinstance(used := getattr(engine, "workers_used", None), int):  # the local engine: where clients ran
+        info["workers"] = {"processes": used, "from_round": engine.parallel_from} if used > 1 else {"processes": 1}
     if newcomers is not None:
         info["unseen_clients"] = {"count": len(newcomers.cids), "adapt_epochs": newcomers.adapt_epochs}
     if num_classes is not None:

@@ -8,7 +8,8 @@ from typing import Any
 from fedmerge.metrics import summarize
 
 HEADLINE = ("test_acc", "test_top5", "test_rouge1", "test_nll", "test_ece", "test_mce")
-TIMING_KEYS = ("fit_seconds", "eval_seconds", "wall_seconds", "elapsed_seconds")
+# how fast a run went, not what it computed (``workers``: the processes its clients ran in, which changes no number)
+TIMING_KEYS = ("fit_seconds", "eval_seconds", "wall_seconds", "elapsed_seconds", "workers")
 
 
 def _lower_is_better(key: str) -> bool:
