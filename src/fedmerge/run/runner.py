@@ -157,7 +157,8 @@ def run_experiment(
             raise ConfigError(problem)
     local = cfg.engine == "local" and grid is None
     per_round = len(Schedule(cfg.rounds, num_clients, cfg.participation).sample(1))
-    workers = resolve_workers(cfg.workers, cfg.threads, device, per_round, "local" if local else "flower", cfg.vectorize)
+    where = "local" if local else "flower"
+    workers = resolve_workers(cfg.workers, cfg.threads, device, per_round, where, cfg.vectorize)
     if cfg.vectorize:
         problem = vectorize_problem(algorithm, model)
         if problem is None and (cfg.engine != "local" or workers.count != 1):
