@@ -109,10 +109,11 @@ def test_auto_keeps_tiny_rounds_in_this_process(tmp_path, monkeypatch, pool_task
     assert pool_tasks == [] and result.summary["workers"] == {"processes": 1}
 
 
-def test_resume_under_auto_on_another_core_count_is_bit_identical(tmp_path, two_cores, monkeypatch):
+def test_resume_under_auto_on_another_core_count_is_bit_identical(tmp_path, two_cores, monkeypatch, pool_tasks):
     case = ["algorithm.name=fedmerge", "participation=0.5", "rounds=4"]
     full = run(quick_config(*case, "workers=1"), tmp_path / "full")
     run(quick_config(*case), tmp_path / "cut", stop_after=3)  # auto: 2 workers after round 1's training
+    assert ("fit", 0) in pool_tasks or ("fit", 1) in pool_tasks
     monkeypatch.setenv("FEDMERGE_CORES", "1")  # resumed where it may use one core: auto = 1
     monkeypatch.setattr(workers, "available_cores", available_cores)  # the real count, which the share caps
     resumed = run_experiment(quick_config(*case), tmp_path / "cut", resume=True, show_progress=False)
