@@ -61,9 +61,9 @@ def test_auto_is_the_cores_at_most_the_clients_per_round_and_one_where_forking_c
         "vectorize": resolve_workers("auto", 1, CPU, 10, vectorize=True),
     }
     for why, count in one.items():
-        assert count.count == 1 and count.auto and why in count.describe(), why
+        assert count.count == 1 and count.auto and why in count.reason, why
     monkeypatch.setattr(workers, "available_cores", lambda: 1)
-    assert resolve_workers("auto", 1, CPU, 10).describe() == "workers: auto = 1 (one core)"
+    assert resolve_workers("auto", 1, CPU, 10).reason == "one core"
     # a number is kept, and runs in the workers from the first round
     explicit = resolve_workers(3, 1, CPU, 10)
     assert (explicit.count, explicit.auto, explicit.min_round_seconds) == (3, False, 0.0)
@@ -96,8 +96,10 @@ def test_auto_moves_the_clients_to_the_workers_after_a_round_and_changes_no_numb
     assert [kind for kind, _ in pool_tasks] == ["evaluate"] * 5 + (["fit"] * 6 + ["evaluate"] * 5) * 2
     assert auto.summary["workers"] == {"processes": 2, "from_round": 1}
     assert one.summary["workers"] == {"processes": 1}
-    said = "workers: auto = 2 (2 cores, 6 clients per round); clients run in this process until a round's client work"
-    assert [n for n in notices if n.startswith("workers")] == [f"{said} reaches 1e-09 s"]
+    assert [n for n in notices if "worker" in n] == [
+        "round 1: clients run in 2 worker processes from here on (workers: auto = 2: 2 cores, 6 clients per round; "
+        "a round's client work reached 1e-09 s)"
+    ]
     assert [line["workers"] for line in read_provenance(auto.run_dir)] == [2]
     assert yaml.safe_load((auto.run_dir / "config.yaml").read_text())["workers"] == "auto"
 
@@ -105,8 +107,11 @@ def test_auto_moves_the_clients_to_the_workers_after_a_round_and_changes_no_numb
 def test_auto_keeps_tiny_rounds_in_this_process(tmp_path, monkeypatch, pool_tasks):
     monkeypatch.setattr(workers, "available_cores", lambda: 2)
     monkeypatch.setattr(workers, "AUTO_MIN_ROUND_SECONDS", 1e9)  # no round reaches it
-    result = run(quick_config("rounds=2"), tmp_path / "r")
+    notices: list[str] = []
+    result = run(quick_config("rounds=2"), tmp_path / "r", notify=notices.append)
     assert pool_tasks == [] and result.summary["workers"] == {"processes": 1}
+    assert not any("worker" in n for n in notices)  # nothing to say: the run is what it always was
+    assert [line["workers"] for line in read_provenance(result.run_dir)] == [2]  # what auto resolved to
 
 
 def test_resume_under_auto_on_another_core_count_is_bit_identical(tmp_path, two_cores, monkeypatch, pool_tasks):

@@ -104,14 +104,11 @@ class WorkerCount:
         """The client work per round from which the workers are used (0: from the first round)."""
         return AUTO_MIN_ROUND_SECONDS if self.auto and self.count > 1 else 0.0
 
-    def describe(self) -> str:
-        if not self.auto:
-            return f"workers: {self.count}"
-        if self.count == 1:
-            return f"workers: auto = 1 ({self.reason})"
+    def started(self, rnd: int) -> str:
+        """What a run prints when ``workers: auto`` starts its workers in round ``rnd`` (tiny runs never do)."""
         return (
-            f"workers: auto = {self.count} ({self.reason}); clients run in this process until a round's client "
-            f"work reaches {AUTO_MIN_ROUND_SECONDS:g} s"
+            f"round {rnd}: clients run in {self.count} worker processes from here on (workers: auto = {self.count}: "
+            f"{self.reason}; a round's client work reached {AUTO_MIN_ROUND_SECONDS:g} s)"
         )
 
 

@@ -22,6 +22,7 @@ from fedmerge.core.checkpoint import (
 from fedmerge.core.loop import Engine, Newcomers, Schedule, run_rounds
 from fedmerge.core.state_store import StateStore, StoredStates
 from fedmerge.core.types import ServerState
+from fedmerge.engines.workers import WorkerCount
 from fedmerge.models import count_parameters
 from fedmerge.run.progress import RoundProgress
 from fedmerge.run.provenance import record_segment
@@ -57,7 +58,7 @@ class Segment:
     # a deployed run: the dataset the nodes' files hold (the config's data sections are not used)
     dataset: str | None = None
     # a local engine's worker processes (``workers`` resolved), recorded in provenance.jsonl
-    workers: int | None = None
+    workers: WorkerCount | None = None
 
 
 class Stopped(Exception):
@@ -106,7 +107,9 @@ def record_rounds(
         store.write_config(to_yaml(cfg))
         state = algorithm.init_server_state().to(device)
 
-    extra = {"workers": segment.workers} if segment.workers is not None else {}
+    extra = {"workers": segment.workers.count} if segment.workers is not None else {}
+    # workers: auto says when it starts the workers (once a round's client work is worth it)
+    announce = segment.workers is not None and segment.workers.auto and segment.workers.count > 1
     record_segment(store.dir, start_round, segment.resume, {**(segment.invocation or {}), **extra} or None)
     digest = config_digest(cfg)
     t_start = time.perf_counter() - earlier_seconds
@@ -130,6 +133,7 @@ def record_rounds(
         engine.on_client_done = progress.client_done
 
         def on_round_end(rnd: int, server_state: ServerState, record: dict[str, Any]) -> None:
+            nonlocal announce
             # clients dropped from this round: by the engine (Flower: no reply) or by the round loop
             # (an update that is not finite or not shaped like the others); absent when none
             failures = engine.pop_failures()
@@ -147,6 +151,9 @@ def record_rounds(
             if rnd % cfg.checkpoint_every == 0 or rnd == cfg.rounds:
                 checkpoint(rnd, server_state)
             progress.round_done(rnd, progress_text(record))
+            if announce and (first := getattr(engine, "parallel_from", None)) is not None:
+                segment.notify(segment.workers.started(first))
+                announce = False
             if segment.round_notices:
                 failed = sorted({f["cid"] for f in failures})
                 dropped = f"  dropped clients {failed}" if failed else ""

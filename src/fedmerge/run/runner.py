@@ -165,8 +165,6 @@ def run_experiment(
             problem = "vectorize: batched clients are an option of engine=local with workers=1"
         if problem is not None:
             raise ConfigError(problem)
-    if local and workers.auto:
-        notify(workers.describe())
     store = RunStore(run_dir if run_dir is not None else new_run_dir(cfg.output_dir, cfg.name))
     if federation is not None:
         (store.dir / FEDERATION_FILE).write_text(json.dumps(federation_summary(federation), indent=1) + "\n")
@@ -179,7 +177,7 @@ def run_experiment(
             dataset = federation.first.dataset if federation is not None else None
             segment = Segment(
                 resume, ckpt, show_progress, stop_after, notify, deployment, invocation, dataset,
-                workers=workers.count if local else None,
+                workers=workers if local else None,
             )  # fmt: skip
             newcomers = None if data is None or not data.num_unseen else newcomers_of(cfg, data)
             classes = None if hasattr(model, "task_loss") else num_classes  # a causal LM is not a classifier
