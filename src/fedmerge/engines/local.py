@@ -40,8 +40,9 @@ class LocalEngine:
     and inherit all of it; the states stay here and travel with each task. Use the engine as a
     context manager (or call :meth:`close`) to stop the workers.
 
-    ``min_round_seconds`` (``workers: auto``): clients run here, timed, until a round's client work
-    reaches it, and in the workers from the next round on; 0: in the workers from the first round.
+    ``min_round_seconds`` (``workers: auto``): clients are trained here, timed, until the clients of a
+    round trained here have taken that long (:func:`round_work`); the round's other clients and everything
+    after go to the workers. 0: the workers from the first round.
     """
 
     def __init__(
@@ -153,6 +154,10 @@ class LocalEngine:
         """Worker processes that ran clients so far (1: every client ran in this process)."""
         return self.workers if self.parallel_from is not None else 1
 
+    def _workers_pay(self, seconds: list[float]) -> bool:
+        """Whether the clients of a round timed here (``seconds``) took long enough to move to the workers."""
+        return self.workers > 1 and len(seconds) >= 2 and round_work(seconds) >= self.min_round_seconds
+
     def _map(
         self,
         algorithm: Algorithm,
@@ -160,19 +165,24 @@ class LocalEngine:
         rnd: int,
         payloads: dict[int, Payload],
         on_result: Callable[[int, Any], None],
-        seconds: list[float] | None = None,
+        timed: bool = False,
     ) -> None:
         """Run ``kind`` for each client in client-id order, here or in the workers; ``on_result``
-        receives each client's result (in the workers' case, in the order they finish). Run here, each
-        client's time is appended to ``seconds``."""
+        receives each client's result (in the workers' case, in the order they finish). ``timed``: clients
+        run here are timed, and once they took ``min_round_seconds`` the others go to the workers."""
         if not self._parallel:
-            for cid in sorted(payloads):
+            order, seconds = sorted(payloads), []
+            while order and not (timed and self._workers_pay(seconds)):
+                cid = order.pop(0)
                 start = time.perf_counter()
                 result = self._run_task(algorithm, kind, rnd, cid, payloads[cid], self._states.get(cid))
-                if seconds is not None:
-                    seconds.append(time.perf_counter() - start)
+                seconds.append(time.perf_counter() - start)
                 on_result(cid, result)
-            return
+            if timed and self._workers_pay(seconds):
+                self._parallel = True  # the round's other clients, if any, and every later call
+            if not order:
+                return
+            payloads = {cid: payloads[cid] for cid in order}
         if self.parallel_from is None:
             self.parallel_from = rnd
         if self._pool_algorithm is not algorithm:
@@ -204,10 +214,7 @@ class LocalEngine:
             for cid, result in fit_vectorized(algorithm, self.model, self.clients, sorted(payloads), prepare).items():
                 done(cid, result)
         else:
-            seconds: list[float] = []
-            self._map(algorithm, "fit", rnd, payloads, done, seconds)
-            if self.workers > 1 and seconds and round_work(seconds) >= self.min_round_seconds:
-                self._parallel = True  # from the next call on
+            self._map(algorithm, "fit", rnd, payloads, done, timed=True)
         return {cid: updates[cid] for cid in sorted(updates)}
 
     def evaluate(
@@ -285,9 +292,8 @@ class LocalEngine:
 
 
 def round_work(seconds: list[float]) -> float:
-    """A round's client work, from its clients' times here: the first client of a round is left out
-    (in a fresh process it carries one-time costs, e.g. torch's optimizer importing its compiler:
-    seconds) and the others' mean stands for it."""
+    """The work of the clients timed here: the first is left out (in a fresh process it carries one-time
+    costs, e.g. torch's optimizer importing its compiler: seconds) and the others' mean stands for it."""
     if len(seconds) < 2:
         return sum(seconds)
     return sum(seconds[1:]) * len(seconds) / (len(seconds) - 1)
