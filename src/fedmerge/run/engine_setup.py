@@ -147,7 +147,7 @@ def open_engine(
             cfg.seed,
             pooled_test=pooled_test,
             eval_batch_size=cfg.eval_batch_size,
-            workers=workers.count if workers is not None else int(cfg.workers),
+            workers=workers.count if workers is not None else cfg.workers if isinstance(cfg.workers, int) else 1,
             states=None if client_store is None else StoredStates(client_store, device),
             vectorize=cfg.vectorize,
             min_round_seconds=workers.min_round_seconds if workers is not None else 0.0,
