@@ -4,6 +4,7 @@ ones in the workers, with the numbers of one process."""
 
 from __future__ import annotations
 
+import json
 import multiprocessing as mp
 
 import pytest
@@ -147,3 +148,22 @@ def test_evaluation_with_workers_groups_global_model_clients_here(tmp_path, pool
     two = run(quick_config(*case, "workers=2"), tmp_path / "two")
     assert_runs_identical(one.run_dir, two.run_dir)
     assert [cid for kind, cid in pool_tasks if kind == "evaluate"] == sorted(in_workers) * 2  # rounds 1 and 2
+
+
+def test_a_tune_study_made_before_auto_continues(tmp_path):
+    from types import SimpleNamespace
+
+    from fedmerge.config.schema import ConfigError
+    from fedmerge.sweep.tune import _check_same_study, default_space
+
+    made, now = quick_config("workers=1"), quick_config()  # before auto, the fingerprint held workers: 1
+    space = default_space(made.algorithm)
+    study = SimpleNamespace(user_attrs={})
+    study.set_user_attr = study.user_attrs.__setitem__
+    _check_same_study(study, made, space, "val_loss", tmp_path)
+    old = json.loads(study.user_attrs["fingerprint"])
+    old["config"]["workers"] = 1
+    study.user_attrs["fingerprint"] = json.dumps(old, sort_keys=True)
+    _check_same_study(study, now, space, "val_loss", tmp_path)  # the same study: workers changes no number
+    with pytest.raises(ConfigError, match="another config"):
+        _check_same_study(study, quick_config("seed=1"), space, "val_loss", tmp_path)
