@@ -397,21 +397,16 @@ def test_partition_shows_the_label_names_the_file_holds(tmp_path):
     assert not any(line.startswith("classes:") for line in digits.output.splitlines())
 
 
-def test_a_sweep_gives_each_run_its_share_of_the_cores_unless_threads_is_set(tmp_path):
-    from fedmerge.sweep.runner import run_command, threads_chosen
+def test_a_sweep_run_is_the_plain_run_its_cores_given_as_workers_not_threads(tmp_path):
+    from fedmerge.sweep.runner import run_command
     from fedmerge.sweep.spec import expand, spec_from_args
 
     (point,) = expand(spec := spec_from_args(["rounds=1"]))
-    assert not threads_chosen(spec, point) and "threads=2" in run_command(spec, point, tmp_path / "r", 2)
-    (point,) = expand(spec := spec_from_args(["rounds=1", "threads=1"]))
-    cmd = run_command(spec, point, tmp_path / "r", 2)
-    assert threads_chosen(spec, point) and "threads=2" not in cmd and "threads=1" in cmd
-    config = tmp_path / "c.yaml"
-    config.write_text("threads: 1\n")
-    (point,) = expand(spec := spec_from_args([str(config), "rounds=1"]))
-    assert threads_chosen(spec, point) and not any(
-        c.startswith("threads=") for c in run_command(spec, point, tmp_path / "r", 2)
-    )
+    # the command of `fedmerge run rounds=1`, hence its numbers; the launcher's FEDMERGE_CORES sizes its workers
+    cmd = run_command(spec, point, tmp_path / "r")
+    assert "rounds=1" in cmd and not any(c.startswith(("threads=", "workers=")) for c in cmd)
+    (point,) = expand(spec := spec_from_args(["rounds=1", "threads=2"]))
+    assert "threads=2" in run_command(spec, point, tmp_path / "r")  # the user's own setting
 
 
 def test_fedmerge_warns_when_its_merge_weights_did_not_move(tmp_path):

@@ -103,7 +103,7 @@ def test_missing_store_is_refused(tmp_path):
 
 def test_states_on_disk_with_workers_equal_states_in_ram(tmp_path):
     short = [*DITTO, "rounds=2"]
-    in_ram = run(quick_config(*short), tmp_path / "ram")
+    in_ram = run(quick_config(*short, "workers=1"), tmp_path / "ram")
     on_disk = run(quick_config(*short, "state.cache_size=3", "workers=2"), tmp_path / "disk")
     assert_runs_identical(in_ram.run_dir, on_disk.run_dir)
 

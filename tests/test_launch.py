@@ -37,8 +37,15 @@ def test_a_started_run_is_resumed_and_a_new_one_started_with_its_arguments(tmp_p
     assert job.command() == [*fedmerge_run, "--resume", str(run), "--no-progress"]
 
 
-def test_threads_share_the_cores_unless_given():
-    assert Launcher(jobs=2, threads=1).threads == 1
-    many = Launcher(jobs=10_000)
-    assert many.jobs == 10_000 and many.threads == 1
+def test_each_job_gets_its_share_of_the_cores_for_its_workers(tmp_path, monkeypatch):
+    import fedmerge.sweep.launch as launch
+
+    monkeypatch.setattr(launch, "cores", lambda: 8)
+    assert Launcher(jobs=3).cores_each == 2 and Launcher(jobs=10_000).cores_each == 1
     assert Launcher(jobs=0).jobs == 1
+    # what the run process sees: its share, which its workers: auto reads (available_cores)
+    show = "import os; from fedmerge.engines.workers import available_cores; "
+    show += "print(available_cores(), os.environ['OMP_NUM_THREADS'])"
+    monkeypatch.setattr(RunJob, "command", lambda self: [sys.executable, "-c", show])
+    Launcher(jobs=8).execute(RunJob("k", (), tmp_path / "k", tmp_path / "k.log"))  # 1 core each
+    assert (tmp_path / "k.log").read_text().splitlines()[-1] == "1 1"  # the share caps the affinity

@@ -18,7 +18,7 @@ from fedmerge.report.compare import DONE, FAILED, RunRecord, compare, paired_p_v
 from fedmerge.run.provenance import read_provenance
 from fedmerge.run.runner import run_experiment
 from fedmerge.sweep.progress import eta_seconds, format_duration
-from fedmerge.sweep.runner import cores, prepare, sweep_records
+from fedmerge.sweep.runner import prepare, sweep_records
 from fedmerge.sweep.spec import expand, spec_from_args
 
 TINY = ["rounds=2", "partition.num_clients=4", "algorithm.local_epochs=1"]
@@ -192,6 +192,7 @@ def test_sweep_runs_in_parallel_skips_finished_resumes_stopped_and_records_failu
     result = CliRunner().invoke(app, [*args, "--no-progress"])
     assert result.exit_code == 1, result.output
     assert "1 of 3 runs failed" in result.output  # the finished run was not run again
+    assert "(2 at a time, " in result.output and "core(s) each, for the runs' worker processes" in result.output
 
     assert len(read_provenance(out / "runs" / "fedavg__s0")) == 1  # skipped: no second segment
     resumed = read_provenance(out / "runs" / "local__s0")
@@ -200,8 +201,9 @@ def test_sweep_runs_in_parallel_skips_finished_resumes_stopped_and_records_failu
     (fresh,) = read_provenance(out / "runs" / "fedavg__s1")
     assert fresh["command"].startswith("fedmerge run rounds=2 partition.num_clients=4 algorithm.local_epochs=1 ")
     assert fresh["command"].endswith(f"--out {out / 'runs' / 'fedavg__s1'} --no-progress")
-    # two workers share the cores
-    assert yaml.safe_load((out / "runs" / "fedavg__s1" / "config.yaml").read_text())["threads"] == max(1, cores() // 2)
+    # the two jobs share the cores as FEDMERGE_CORES for each run's workers: auto; threads stay 1, as in a plain run
+    saved = yaml.safe_load((out / "runs" / "fedavg__s1" / "config.yaml").read_text())
+    assert "threads=" not in fresh["command"] and saved["threads"] == 1 and saved["workers"] == "auto"
 
     records = {r.key: r for r in sweep_records(out)}
     assert {k: r.status for k, r in records.items()} == {

@@ -299,7 +299,7 @@ def test_fedper_newcomer_trains_its_head_on_the_frozen_body():
 def test_workers_and_resume_give_the_same_newcomer_numbers(tmp_path, algo):
     extra = ["algorithm.start_round=1"] if algo.startswith("superfed") else []
     cfg = quick_config(f"algorithm.name={algo}", *UNSEEN, *extra)
-    one = run(cfg, tmp_path / "one")
+    one = run(quick_config(f"algorithm.name={algo}", *UNSEEN, *extra, "workers=1"), tmp_path / "one")
     assert "eval_unseen" in RunStore(one.run_dir).read_metrics()[-1]
     two = run(quick_config(f"algorithm.name={algo}", *UNSEEN, *extra, "workers=2"), tmp_path / "two")
     assert_runs_identical(one.run_dir, two.run_dir)

@@ -53,7 +53,7 @@ def no_leftover_workers():
 
 def test_superfed_with_default_threads_same_on_one_and_two_workers(tmp_path):
     torch.set_num_threads(2)  # what a fresh process has on this machine; the config's threads=1 applies
-    one = run(load_config(SUPERFED, SMALL_SUPERFED), tmp_path / "one")
+    one = run(load_config(SUPERFED, [*SMALL_SUPERFED, "workers=1"]), tmp_path / "one")
     two = run(load_config(SUPERFED, [*SMALL_SUPERFED, "workers=2"]), tmp_path / "two")
     assert_runs_identical(one.run_dir, two.run_dir)
 
@@ -69,14 +69,14 @@ def test_superfed_with_default_threads_same_on_one_and_two_workers(tmp_path):
     ids=lambda a: a[0].split("=")[1],
 )
 def test_workers_match_sequential_bit_for_bit(tmp_path, algorithm):
-    one = run(quick_config(*algorithm, "rounds=3", "model.name=twonn"), tmp_path / "one")
+    one = run(quick_config(*algorithm, "rounds=3", "model.name=twonn", "workers=1"), tmp_path / "one")
     two = run(quick_config(*algorithm, "rounds=3", "model.name=twonn", "workers=2"), tmp_path / "two")
     assert_runs_identical(one.run_dir, two.run_dir)
 
 
 def test_resume_on_workers_is_bit_identical(tmp_path):
     case = ["algorithm.name=ditto", "participation=0.5", "rounds=4"]
-    full = run(quick_config(*case), tmp_path / "full")  # workers: 1, uninterrupted
+    full = run(quick_config(*case, "workers=1"), tmp_path / "full")  # uninterrupted
     run(quick_config(*case, "workers=2"), tmp_path / "cut", stop_after=2)
     # the worker count may change on resume: it changes no number
     resumed = run_experiment(quick_config(*case, "workers=3"), tmp_path / "cut", resume=True, show_progress=False)

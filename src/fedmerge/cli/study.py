@@ -19,7 +19,9 @@ def study(
     out_path: Path | None = typer.Option(
         None, "--out", help="the report's path; its numbers go next to it (.json) (default: print the report)"
     ),
-    jobs: int = typer.Option(2, "--jobs", "-j", min=1, help="runs at a time, each in its own process with one thread"),
+    jobs: int = typer.Option(
+        2, "--jobs", "-j", min=1, help="runs at a time, each in its own process on its share of the cores"
+    ),
     report_only: bool = typer.Option(False, "--report-only", help="write the report from the runs that exist"),
     regime_only: bool = typer.Option(
         False, "--regime-only", help="only the Local and FedAvg rows: check the regime before the table"

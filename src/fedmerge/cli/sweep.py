@@ -64,8 +64,8 @@ def sweep(
     except user_errors() as exc:
         fail(str(exc), 2)
     runner = sw.SweepRunner(spec, out_dir, points, jobs)
-    chosen = all(sw.threads_chosen(spec, p) for p in points)
-    each = "threads as configured" if chosen else f"{runner.threads} thread(s) each"
+    # each run's workers: auto uses its share for worker processes (the numbers of the same run alone)
+    each = f"{runner.cores_each} core(s) each, for the runs' worker processes (workers: auto)"
     notice(f"sweep of {len(points)} runs in {out_dir} ({jobs} at a time, {each})")
     if jobs > sw.cores():
         notice(f"warning: -j {jobs} runs more processes at a time than the {sw.cores()} cores; they slow each other")

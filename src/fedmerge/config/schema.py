@@ -165,7 +165,13 @@ class RunSettings(BaseModel):
         description="torch intra-op CPU threads for client and server work, the same in every engine and worker: "
         "the thread count changes the numbers (reduction order); null: the machine's default, not portable",
     )
-    workers: int = Field(1, ge=1, description="engine=local: processes running clients in parallel (threads=1 each)")
+    # "auto" is written to config.yaml as such and resolved by each process that runs or resumes the run
+    workers: int | Literal["auto"] = Field(
+        "auto",
+        description="engine=local: processes running clients in parallel (threads=1 each), the same numbers for "
+        "any count; auto: one per core available, at most the clients per round, 1 where forking cannot help "
+        "(device not cpu, threads not 1, vectorize) and while a round's client work is under 0.5 s",
+    )
     vectorize: bool = Field(
         False,
         description="engine=local: train the round's clients as one batched computation (vmap; for GPUs); plain "
@@ -178,6 +184,15 @@ class RunSettings(BaseModel):
         "so that each round's updates do not page-fault fresh memory (less system time per round); "
         "the process keeps its peak memory until it exits. Changes no number",
     )
+
+    @field_validator("workers", mode="before")
+    @classmethod
+    def _valid_workers(cls, value: Any) -> int | str:
+        if value == "auto":
+            return value
+        if isinstance(value, bool) or not isinstance(value, int | str) or not str(value).isdigit() or int(value) < 1:
+            raise ValueError("a number of processes (1 or more) or auto")
+        return int(value)
 
     @field_validator("eval_clients")
     @classmethod
@@ -482,8 +497,8 @@ def _deep_copy(data: Any) -> Any:
 
 
 # Keys that do not change what a finished run means: a sweep or study run again with other --jobs
-# (threads), elsewhere or under another name reuses the run.
-RUN_LOCAL_KEYS = {"threads", "output_dir", "name", "eval_batch_size", "device", "keep_freed_memory"}
+# (threads, workers), elsewhere or under another name reuses the run.
+RUN_LOCAL_KEYS = {"threads", "workers", "output_dir", "name", "eval_batch_size", "device", "keep_freed_memory"}
 
 
 def first_config_difference(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> tuple[str, Any, Any] | None:

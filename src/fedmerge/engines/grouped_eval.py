@@ -108,7 +108,7 @@ class GroupedEvaluator:
             ctx, payload, state = prepare(cid)
             data = self.clients[cid]
             variants = algorithm.personalize_variants(payload, data, state, ctx)
-            shared = _payload_weights(variants, payload) if self.grouping else None
+            shared = payload_weights(variants, payload) if self.grouping else None
             if shared is not None:
                 key = tuple(id(v) for v in shared.values())
                 groups.setdefault(key, (shared, []))[1].append(cid)
@@ -238,7 +238,7 @@ def _forward(model: nn.Module, x: torch.Tensor, ends: list[int]) -> torch.Tensor
     return torch.cat([model(x[a:b]) for a, b in zip([0, *ends[:-1]], ends)])
 
 
-def _payload_weights(variants: dict, payload: Payload) -> Weights | None:
+def payload_weights(variants: dict, payload: Payload) -> Weights | None:
     """The only variant's weights when they are the payload's own tensors (a global-model method)."""
     if len(variants) != 1 or "" not in variants:
         return None

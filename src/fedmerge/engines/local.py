@@ -1,8 +1,14 @@
 """In-process engine: clients run one after another on one reused model object, or on one model
-object in each of ``workers`` forked worker processes (:mod:`.workers`), with the same numbers."""
+object in each of ``workers`` forked worker processes (:mod:`.workers`), with the same numbers.
+
+With workers, evaluation splits like this: clients whose personalised model is a payload they share
+with other clients (a global-model method's) are evaluated here in one grouped pass
+(:mod:`.grouped_eval`), which is less work than one pass per client in any number of processes;
+clients with personalised models are evaluated in the workers."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -19,7 +25,7 @@ from fedmerge.core.types import ClientState, Payload, ServerState, Update
 from fedmerge.metrics import classification_metrics
 
 from .evaluation import evaluate_client, is_generative, seed_global_rng
-from .grouped_eval import GroupedEvaluator
+from .grouped_eval import GroupedEvaluator, Prepare, payload_weights
 from .vectorized import fit_vectorized
 from .workers import WorkerPool
 
@@ -34,6 +40,10 @@ class LocalEngine:
     :class:`StoredStates`). Worker processes are forked on the first call
     and inherit all of it; the states stay here and travel with each task. Use the engine as a
     context manager (or call :meth:`close`) to stop the workers.
+
+    ``min_round_seconds`` (``workers: auto``): clients are trained here, timed, until the clients of a
+    round trained here have taken that long (:func:`round_work`); the round's other clients and everything
+    after go to the workers. 0: the workers from the first round.
     """
 
     def __init__(
@@ -48,6 +58,7 @@ class LocalEngine:
         workers: int = 1,
         states: StoredStates | None = None,
         vectorize: bool = False,
+        min_round_seconds: float = 0.0,
     ) -> None:
         self.clients = clients
         self.model = model.to(device)
@@ -58,6 +69,9 @@ class LocalEngine:
         self.on_client_done = on_client_done
         self._states: MemoryStates | StoredStates = MemoryStates() if states is None else states
         self.workers = workers
+        self.min_round_seconds = min_round_seconds
+        self.parallel_from: int | None = None  # the first round whose clients ran in the workers
+        self._parallel = workers > 1 and min_round_seconds <= 0
         self.vectorize = vectorize  # train the round's clients as one batched computation (vectorized.py)
         self._pool: WorkerPool | None = None
         self._pool_algorithm: Algorithm | None = None
@@ -144,6 +158,15 @@ class LocalEngine:
         one = {"fit": self._fit_one, "evaluate": self._evaluate_one, "onboard": self._onboard_one}[kind]
         return one(algorithm, rnd, cid, payload, state)
 
+    @property
+    def workers_used(self) -> int:
+        """Worker processes that ran clients so far (1: every client ran in this process)."""
+        return self.workers if self.parallel_from is not None else 1
+
+    def _workers_pay(self, seconds: list[float]) -> bool:
+        """Whether the clients of a round timed here (``seconds``) took long enough to move to the workers."""
+        return self.workers > 1 and len(seconds) >= 2 and round_work(seconds) >= self.min_round_seconds
+
     def _map(
         self,
         algorithm: Algorithm,
@@ -151,13 +174,26 @@ class LocalEngine:
         rnd: int,
         payloads: dict[int, Payload],
         on_result: Callable[[int, Any], None],
+        timed: bool = False,
     ) -> None:
         """Run ``kind`` for each client in client-id order, here or in the workers; ``on_result``
-        receives each client's result (in the workers' case, in the order they finish)."""
-        if self.workers == 1:
-            for cid in sorted(payloads):
-                on_result(cid, self._run_task(algorithm, kind, rnd, cid, payloads[cid], self._states.get(cid)))
-            return
+        receives each client's result (in the workers' case, in the order they finish). ``timed``: clients
+        run here are timed, and once they took ``min_round_seconds`` the others go to the workers."""
+        if not self._parallel:
+            order, seconds = sorted(payloads), []
+            while order and not (timed and self._workers_pay(seconds)):
+                cid = order.pop(0)
+                start = time.perf_counter()
+                result = self._run_task(algorithm, kind, rnd, cid, payloads[cid], self._states.get(cid))
+                seconds.append(time.perf_counter() - start)
+                on_result(cid, result)
+            if timed and self._workers_pay(seconds):
+                self._parallel = True  # the round's other clients, if any, and every later call
+            if not order:
+                return
+            payloads = {cid: payloads[cid] for cid in order}
+        if self.parallel_from is None:
+            self.parallel_from = rnd
         if self._pool_algorithm is not algorithm:
             self.close()
             self._pool = WorkerPool(self.workers, partial(self._run_task, algorithm))
@@ -187,7 +223,7 @@ class LocalEngine:
             for cid, result in fit_vectorized(algorithm, self.model, self.clients, sorted(payloads), prepare).items():
                 done(cid, result)
         else:
-            self._map(algorithm, "fit", rnd, payloads, done)
+            self._map(algorithm, "fit", rnd, payloads, done, timed=True)
         return {cid: updates[cid] for cid in sorted(updates)}
 
     def evaluate(
@@ -197,27 +233,58 @@ class LocalEngine:
             onboarded: dict[int, Metrics] = {}
             self._map(algorithm, "onboard", rnd, payloads, lambda cid, result: onboarded.__setitem__(cid, result[0]))
             return {cid: onboarded[cid] for cid in sorted(onboarded)}
-        if self.workers == 1 and self.device.type == "cpu":  # same numbers, less work: see grouped_eval
 
-            def prepare(cid: int) -> tuple[ClientContext, Payload, ClientState]:
-                ctx = self._context(rnd, cid, "evaluate")
-                payload = payloads[cid].to(self.device)
-                state = self._states.get(cid)
-                if state is None:  # a new client's state is kept, as on the per-client path
-                    state = algorithm.init_client_state(cid).to(self.device)
-                    self._states.put(cid, state, rnd)
-                return ctx, payload, state
+        def prepare(cid: int) -> tuple[ClientContext, Payload, ClientState]:
+            ctx = self._context(rnd, cid, "evaluate")
+            payload = payloads[cid].to(self.device)
+            state = self._states.get(cid)
+            if state is None:  # a new client's state is kept, as on the per-client path
+                state = algorithm.init_client_state(cid).to(self.device)
+                self._states.put(cid, state, rnd)
+            return ctx, payload, state
 
-            return self._evaluator.evaluate(algorithm, payloads, prepare)
         results: dict[int, Metrics] = {}
+        if self.device.type == "cpu":  # same numbers, less work: see grouped_eval
+            if not self._parallel:
+                return self._evaluator.evaluate(algorithm, payloads, prepare)
+            here, results = self._evaluated_here(algorithm, payloads, prepare)
+            if here:
+                results.update(self._evaluator.evaluate(algorithm, {c: payloads[c] for c in here}, prepare))
 
         def done(cid: int, result: tuple[Metrics, ClientState | None]) -> None:
             results[cid], new_state = result
             if new_state is not None:
                 self._states.put(cid, new_state, rnd)
 
-        self._map(algorithm, "evaluate", rnd, payloads, done)
+        rest = {cid: p for cid, p in payloads.items() if cid not in results}
+        if rest:
+            self._map(algorithm, "evaluate", rnd, rest, done)
         return {cid: results[cid] for cid in sorted(results)}
+
+    def _evaluated_here(
+        self, algorithm: Algorithm, payloads: dict[int, Payload], prepare: Prepare
+    ) -> tuple[list[int], dict[int, Metrics]]:
+        """With workers: (the clients to evaluate here in a grouped pass, metrics already made here).
+
+        Clients that share one payload are grouped here when the personalised model of the first of them
+        is that payload (a global-model method); when it is not, that client, whose personalised model is
+        made, is evaluated here too, and the others go to the workers."""
+        shared: dict[tuple[int, ...], list[int]] = {}
+        for cid in sorted(payloads):
+            shared.setdefault(tuple(id(t) for t in payloads[cid].tensors.values()), []).append(cid)
+        here: list[int] = []
+        done: dict[int, Metrics] = {}
+        for cids in shared.values():
+            if len(cids) < 2 or not self._evaluator.grouping:
+                continue
+            ctx, payload, state = prepare(cids[0])
+            variants = algorithm.personalize_variants(payload, self.clients[cids[0]], state, ctx)
+            if payload_weights(variants, payload) is not None:
+                here += cids
+            else:
+                data = self.clients[cids[0]]
+                done[cids[0]] = evaluate_client(algorithm, payload, data, state, ctx, self.eval_batch_size, variants)
+        return here, done
 
     def evaluate_global(self, algorithm: Algorithm, state: ServerState) -> Metrics | None:
         weights = algorithm.global_model(state)
@@ -231,3 +298,11 @@ class LocalEngine:
             self.model.load_state_dict({k: v.to(self.device) for k, v in weights.items()})
             logits = predict_logits(self.model, x, self.eval_batch_size)
         return {f"test_{k}": v for k, v in classification_metrics(logits, y).items()}
+
+
+def round_work(seconds: list[float]) -> float:
+    """The work of the clients timed here: the first is left out (in a fresh process it carries one-time
+    costs, e.g. torch's optimizer importing its compiler: seconds) and the others' mean stands for it."""
+    if len(seconds) < 2:
+        return sum(seconds)
+    return sum(seconds[1:]) * len(seconds) / (len(seconds) - 1)

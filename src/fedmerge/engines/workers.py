@@ -10,6 +10,7 @@ So every worker runs one intra-op thread, as does the parent: ``workers: N`` wit
 Each client's work is self-contained (its RNGs are seeded by (seed, round, client, purpose), its
 weights come from its payload, its state travels with the task), so which worker runs which client
 does not change a bit of the result: ``workers: N`` gives exactly the numbers of ``workers: 1``.
+That is what lets ``workers: auto`` (the default) pick the count from the machine (:func:`resolve_workers`).
 """
 
 from __future__ import annotations
@@ -48,9 +49,9 @@ def set_threads(threads: int | None) -> None:
         torch.set_num_threads(threads)
 
 
-def workers_problem(workers: int, threads: int | None, device: torch.device, engine: str = "local") -> str | None:
-    """Why ``workers`` cannot run with these settings (one line), or None when it can."""
-    if workers == 1:
+def workers_problem(workers: int | str, threads: int | None, device: torch.device, engine: str = "local") -> str | None:
+    """Why ``workers`` cannot run with these settings (one line), or None when it can (``auto`` always can)."""
+    if workers in (1, "auto"):
         return None
     if engine != "local":
         return (
@@ -69,11 +70,76 @@ def workers_problem(workers: int, threads: int | None, device: torch.device, eng
     return None
 
 
+# A launcher that runs several jobs at once (``fedmerge sweep -j``, ``fedmerge study``) gives each its share
+CORES_ENV = "FEDMERGE_CORES"
+# ``workers: auto`` keeps a run's clients in this process until a round's client work, timed there,
+# reaches this. Starting the workers costs about 0.1 s and a round's messages about 1 ms per client for a
+# small model (docs/performance/workers.md): a round of 0.5 s of client work on 2 cores saves 0.25 s
+# each round, so the start is paid back in the first parallel round. Tiny runs (tests, smoke runs,
+# rounds of milliseconds) never fork, where fork, messages and the parent's wait would cost more than
+# they save.
+AUTO_MIN_ROUND_SECONDS = 0.5
+
+
 def available_cores() -> int:
+    """Cores this process may use: its CPU affinity, at most ``FEDMERGE_CORES`` when a launcher set it."""
     try:
-        return len(os.sched_getaffinity(0))
+        cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+        cores = os.cpu_count() or 1
+    share = os.environ.get(CORES_ENV, "")
+    return max(1, min(cores, int(share))) if share.isdigit() and int(share) > 0 else cores
+
+
+@dataclass(frozen=True)
+class WorkerCount:
+    """How many worker processes run a run's clients, and why (the line a run prints)."""
+
+    count: int
+    auto: bool  # resolved from ``workers: auto``: clients stay in this process while rounds are tiny
+    reason: str
+
+    @property
+    def min_round_seconds(self) -> float:
+        """The client work per round from which the workers are used (0: from the first round)."""
+        return AUTO_MIN_ROUND_SECONDS if self.auto and self.count > 1 else 0.0
+
+    def started(self, rnd: int) -> str:
+        """What a run prints when ``workers: auto`` starts its workers in round ``rnd`` (tiny runs never do)."""
+        return (
+            f"round {rnd}: clients run in {self.count} worker processes from here on (workers: auto = {self.count}: "
+            f"{self.reason}; a round's client work reached {AUTO_MIN_ROUND_SECONDS:g} s)"
+        )
+
+
+def resolve_workers(
+    workers: int | str,
+    threads: int | None,
+    device: torch.device,
+    clients_per_round: int,
+    engine: str = "local",
+    vectorize: bool = False,
+) -> WorkerCount:
+    """``workers`` as a count: a number is kept (:func:`workers_problem` refuses impossible ones); ``auto``
+    is one process per available core, at most the clients per round, and 1 where forking cannot help.
+    Any count gives the same numbers, so the choice is free to depend on the machine."""
+    if workers != "auto":
+        return WorkerCount(int(workers), False, "as configured")
+    cores = available_cores()
+    why_one = (
+        "engine=flower runs its own ClientApps" if engine != "local"
+        else f"device {device.type}" if device.type != "cpu"
+        else f"threads={threads}: workers need threads=1" if threads != 1
+        else "vectorize: one batched computation" if vectorize
+        else "no fork on this platform" if "fork" not in mp.get_all_start_methods()
+        else "one client per round" if clients_per_round <= 1
+        else "one core" if cores <= 1
+        else None
+    )  # fmt: skip
+    if why_one is not None:
+        return WorkerCount(1, True, why_one)
+    count = min(cores, clients_per_round)
+    return WorkerCount(count, True, f"{cores} cores, {clients_per_round} clients per round")
 
 
 # --- transport: pickled messages with tensors out of band -------------------------------------------

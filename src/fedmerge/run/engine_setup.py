@@ -19,6 +19,7 @@ from fedmerge.core.loop import Engine, Schedule, parse_eval_clients
 from fedmerge.core.state_store import StateStore, StoredStates
 from fedmerge.data import FederatedDataset
 from fedmerge.engines.local import LocalEngine
+from fedmerge.engines.workers import WorkerCount
 from fedmerge.run.results import RunStore
 
 
@@ -132,7 +133,10 @@ def open_engine(
     grid: Any,
     client_store: StateStore | None = None,
     federation: Any = None,
+    workers: WorkerCount | None = None,
 ) -> Iterator[Engine]:
+    """``workers``: the resolved ``workers`` setting of a local engine (runner.resolve_workers); None: ``cfg.workers``,
+    a number."""
     # a deployed server has no data: only the pooled test file its operator gave, if any
     pooled_test = pooled_test_of(cfg, data) if data is not None else getattr(federation, "pooled_test", None)
     if cfg.engine != "flower" and grid is None:
@@ -143,9 +147,10 @@ def open_engine(
             cfg.seed,
             pooled_test=pooled_test,
             eval_batch_size=cfg.eval_batch_size,
-            workers=cfg.workers,
+            workers=workers.count if workers is not None else cfg.workers if isinstance(cfg.workers, int) else 1,
             states=None if client_store is None else StoredStates(client_store, device),
             vectorize=cfg.vectorize,
+            min_round_seconds=workers.min_round_seconds if workers is not None else 0.0,
         ) as engine:
             yield engine
         return

@@ -23,6 +23,7 @@ from fedmerge.core.loop import Engine, Newcomers, Schedule, run_rounds
 from fedmerge.core.state_store import StateStore, StoredStates
 from fedmerge.core.types import ServerState
 from fedmerge.engines.device import peak_memory_mib
+from fedmerge.engines.workers import WorkerCount
 from fedmerge.models import count_parameters
 from fedmerge.run.progress import RoundProgress
 from fedmerge.run.provenance import record_segment
@@ -57,6 +58,8 @@ class Segment:
     invocation: dict[str, Any] | None = None
     # a deployed run: the dataset the nodes' files hold (the config's data sections are not used)
     dataset: str | None = None
+    # a local engine's worker processes (``workers`` resolved), recorded in provenance.jsonl
+    workers: WorkerCount | None = None
 
 
 class Stopped(Exception):
@@ -105,7 +108,10 @@ def record_rounds(
         store.write_config(to_yaml(cfg))
         state = algorithm.init_server_state().to(device)
 
-    record_segment(store.dir, start_round, segment.resume, segment.invocation)
+    extra = {"workers": segment.workers.count} if segment.workers is not None else {}
+    # workers: auto says when it starts the workers (once a round's client work is worth it)
+    announce = segment.workers is not None and segment.workers.auto and segment.workers.count > 1
+    record_segment(store.dir, start_round, segment.resume, {**(segment.invocation or {}), **extra} or None)
     digest = config_digest(cfg)
     peak_memory_mib(device)  # the first round's peak starts here
     t_start = time.perf_counter() - earlier_seconds
@@ -129,6 +135,7 @@ def record_rounds(
         engine.on_client_done = progress.client_done
 
         def on_round_end(rnd: int, server_state: ServerState, record: dict[str, Any]) -> None:
+            nonlocal announce
             # clients dropped from this round: by the engine (Flower: no reply) or by the round loop
             # (an update that is not finite or not shaped like the others); absent when none
             failures = engine.pop_failures()
@@ -149,6 +156,9 @@ def record_rounds(
             if rnd % cfg.checkpoint_every == 0 or rnd == cfg.rounds:
                 checkpoint(rnd, server_state)
             progress.round_done(rnd, progress_text(record))
+            if announce and (first := getattr(engine, "parallel_from", None)) is not None:
+                segment.notify(segment.workers.started(first))
+                announce = False
             if segment.round_notices:
                 failed = sorted({f["cid"] for f in failures})
                 dropped = f"  dropped clients {failed}" if failed else ""
@@ -177,6 +187,8 @@ def record_rounds(
         "client_groups": groups if all(g is not None for g in groups) else None,
         "wall_seconds": time.perf_counter() - t_start,
     }
+    if isinstance(used := getattr(engine, "workers_used", None), int):  # the local engine: where clients ran
+        info["workers"] = {"processes": used, "from_round": engine.parallel_from} if used > 1 else {"processes": 1}
     if newcomers is not None:
         info["unseen_clients"] = {"count": len(newcomers.cids), "adapt_epochs": newcomers.adapt_epochs}
     if num_classes is not None:

@@ -12,11 +12,11 @@ from pydantic import BaseModel
 from fedmerge.algorithms.privacy import build_algorithm, clients_per_round, privacy_problem
 from fedmerge.config.schema import ConfigError, config_warnings, load_config
 from fedmerge.config.tuned import load_tuned_config
-from fedmerge.core.loop import Newcomers
+from fedmerge.core.loop import Newcomers, Schedule
 from fedmerge.data import FederatedDataset
 from fedmerge.engines.memory import keep_freed_memory
 from fedmerge.engines.vectorized import vectorize_problem
-from fedmerge.engines.workers import available_cores, set_threads, workers_problem
+from fedmerge.engines.workers import available_cores, resolve_workers, set_threads, workers_problem
 from fedmerge.models import build_model
 from fedmerge.run.engine_setup import (
     client_store,
@@ -105,7 +105,7 @@ def run_experiment(
     device = resolve_device(cfg.device)
     if (problem := workers_problem(cfg.workers, cfg.threads, device, cfg.engine)) is not None:
         raise ConfigError(problem)
-    if cfg.workers > 1 and cfg.workers > available_cores():  # allowed (the same numbers), but slower
+    if cfg.workers != "auto" and cfg.workers > available_cores():  # allowed (the same numbers), but slower
         notify(f"warning: workers={cfg.workers} is more than the {available_cores()} cores; they slow each other")
     set_threads(cfg.threads)
     if cfg.keep_freed_memory:
@@ -169,9 +169,13 @@ def run_experiment(
         problem = algorithm.noise_problem(sizes)
         if problem is not None:
             raise ConfigError(problem)
+    local = cfg.engine == "local" and grid is None
+    per_round = len(Schedule(cfg.rounds, num_clients, cfg.participation).sample(1))
+    where = "local" if local else "flower"
+    workers = resolve_workers(cfg.workers, cfg.threads, device, per_round, where, cfg.vectorize)
     if cfg.vectorize:
         problem = vectorize_problem(algorithm, model)
-        if problem is None and (cfg.engine != "local" or cfg.workers != 1):
+        if problem is None and (cfg.engine != "local" or workers.count != 1):
             problem = "vectorize: batched clients are an option of engine=local with workers=1"
         if problem is not None:
             raise ConfigError(problem)
@@ -182,10 +186,13 @@ def run_experiment(
     try:
         with (
             client_store(cfg, store) as states,
-            open_engine(cfg, data, model, device, grid, states, federation) as engine,
+            open_engine(cfg, data, model, device, grid, states, federation, workers if local else None) as engine,
         ):
             dataset = federation.first.dataset if federation is not None else None
-            segment = Segment(resume, ckpt, show_progress, stop_after, notify, deployment, invocation, dataset)
+            segment = Segment(
+                resume, ckpt, show_progress, stop_after, notify, deployment, invocation, dataset,
+                workers=workers if local else None,
+            )  # fmt: skip
             newcomers = None if data is None or not data.num_unseen else newcomers_of(cfg, data)
             classes = None if hasattr(model, "task_loss") else num_classes  # a causal LM is not a classifier
             return record_rounds(

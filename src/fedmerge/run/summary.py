@@ -8,8 +8,9 @@ from typing import Any
 from fedmerge.metrics import summarize
 
 HEADLINE = ("test_acc", "test_top5", "test_rouge1", "test_nll", "test_ece", "test_mce")
-# measurements that differ between two runs of one config (gpu_peak_mib: a CUDA run's peak memory per round)
-TIMING_KEYS = ("fit_seconds", "eval_seconds", "wall_seconds", "elapsed_seconds", "gpu_peak_mib")
+# measurements that differ between two runs of one config, not what it computed (gpu_peak_mib: a CUDA run's peak
+# memory per round; workers: the processes its clients ran in, which changes no number)
+TIMING_KEYS = ("fit_seconds", "eval_seconds", "wall_seconds", "elapsed_seconds", "gpu_peak_mib", "workers")
 
 
 def _lower_is_better(key: str) -> bool:

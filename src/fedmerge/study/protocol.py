@@ -85,7 +85,8 @@ def stale(folder: Path, study: Study, key: str, overrides: list[str]) -> str | N
 def run_all(
     jobs: list[tuple[str, list[str]]], study: Study, runs: Path, workers: int, notify: Notify = _stderr
 ) -> list[Outcome]:
-    """Bring every (key, overrides) run to its end, ``workers`` processes at a time, one thread each.
+    """Bring every (key, overrides) run to its end, ``workers`` processes at a time, each on its share of the
+    cores (:class:`~fedmerge.sweep.launch.Launcher`).
     A failed run is recorded (RUNS/logs/KEY.log, RUNS/status.jsonl) and the others go on."""
     todo = []
     for key, overrides in jobs:
@@ -116,7 +117,7 @@ def run_all(
             notify(f"[{i}/{len(todo)}] {o.key}: {what}  (eta {eta / 60:.0f} min)")
         shown = len(outcomes)
 
-    return Launcher(workers, threads=1, status_file=runs / STATUS_FILE).run(todo, report)
+    return Launcher(workers, status_file=runs / STATUS_FILE).run(todo, report)
 
 
 def tune(study: Study, runs: Path, workers: int, notify: Notify = _stderr) -> dict[str, int]:

@@ -5,8 +5,10 @@ alone. A job names the folder of its run (``fedmerge run --out``: the run folder
 in which its run folder is made (``--output-dir``); a run already started there continues from its
 checkpoint (``--resume``), a finished one is not started again. A folder made with other settings is
 named by :func:`config_difference`, for the caller to refuse before anything runs. Each attempt's output
-is appended to its log and its outcome to a status file (one JSON line). Every process gets ``threads``
-intra-op threads (by default ``cores // jobs``) so that parallel runs do not oversubscribe the cores.
+is appended to its log and its outcome to a status file (one JSON line). Every process gets its share of
+the cores, ``cores // jobs``, so that parallel runs neither oversubscribe the cores nor leave them idle: as
+``FEDMERGE_CORES``, which a run's ``workers: auto`` uses for worker processes of one thread each (the numbers
+of a plain ``fedmerge run``), and as ``OMP_NUM_THREADS`` for a run that asks for ``threads: null``.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from fedmerge.config.schema import first_config_difference, load_config
+from fedmerge.engines.workers import CORES_ENV
 from fedmerge.run.results import CONFIG_FILE, DONE, FAILED, SUMMARY_FILE
 
 INTERRUPTED = "interrupted"
@@ -86,11 +89,11 @@ class Outcome:
 
 
 class Launcher:
-    """Runs jobs ``jobs`` at a time, each process with ``threads`` threads, and records each attempt."""
+    """Runs jobs ``jobs`` at a time, each process on ``cores_each`` cores, and records each attempt."""
 
-    def __init__(self, jobs: int, threads: int | None = None, status_file: Path | None = None) -> None:
+    def __init__(self, jobs: int, status_file: Path | None = None) -> None:
         self.jobs = max(1, jobs)
-        self.threads = threads or max(1, cores() // self.jobs)
+        self.cores_each = max(1, cores() // self.jobs)
         self.status_file = status_file
         self._lock = threading.Lock()
         self._procs: dict[str, subprocess.Popen] = {}
@@ -98,7 +101,8 @@ class Launcher:
 
     def execute(self, job: RunJob) -> Outcome:
         cmd = job.command()
-        env = {**os.environ, **{v: str(self.threads) for v in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}}
+        share = str(self.cores_each)
+        env = {**os.environ, CORES_ENV: share, **dict.fromkeys(("OMP_NUM_THREADS", "MKL_NUM_THREADS"), share)}
         job.log.parent.mkdir(parents=True, exist_ok=True)
         start = time.perf_counter()
         with self._lock:

@@ -9,9 +9,9 @@ SWEEP_DIR/results.md|csv  the comparison tables (``fedmerge.report.compare``)
 
 Each run is one ``fedmerge run ... --out SWEEP_DIR/runs/KEY`` process, so its provenance holds
 a command that reproduces it alone. Running the sweep again skips finished runs, continues
-stopped ones from their checkpoints (``fedmerge run --resume``) and retries failed ones. A worker
-gets ``threads = cores // jobs`` (unless the config file or an override sets ``threads``) so that
-the processes neither oversubscribe the cores nor leave them idle. The processes are started by
+stopped ones from their checkpoints (``fedmerge run --resume``) and retries failed ones. Each run
+gets ``cores // jobs`` cores, which its ``workers: auto`` uses for worker processes of one thread each,
+so a sweep's run gives the numbers of the same ``fedmerge run`` alone. The processes are started by
 ``fedmerge.sweep.launch``, which studies share.
 """
 
@@ -25,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from fedmerge.config.schema import ConfigError, first_config_difference, make_folder, read_yaml
+from fedmerge.config.schema import ConfigError, first_config_difference, make_folder
 from fedmerge.core.checkpoint import atomic_write_bytes
 from fedmerge.run.results import CONFIG_FILE, DONE, FAILED, INCOMPLETE, METRICS_FILE, PENDING, SUMMARY_FILE, RunRecord
 from fedmerge.sweep.launch import INTERRUPTED, Launcher, Outcome, RunJob, config_difference, cores
@@ -102,30 +102,17 @@ def _check_same_config(run_dir: Path, point: SweepPoint) -> None:
 # --- running -----------------------------------------------------------------------------------
 
 
-def run_args(spec: SweepSpec, point: SweepPoint, run_dir: Path, threads: int) -> list[str]:
+def run_args(spec: SweepSpec, point: SweepPoint, run_dir: Path) -> list[str]:
     """The ``fedmerge run`` arguments that start one point afresh."""
-    overrides = list(point.overrides)
-    if not threads_chosen(spec, point):
-        overrides.append(f"threads={threads}")
-    args = [*([spec.config] if spec.config else []), *overrides]
+    args = [*([spec.config] if spec.config else []), *point.overrides]
     if spec.tuned:
         args += ["--tuned", spec.tuned]
     return [*args, "--out", str(run_dir)]
 
 
-def threads_chosen(spec: SweepSpec, point: SweepPoint) -> bool:
-    """Whether the user set ``threads`` (to a number) for this point, in the config file or an override;
-    else the sweep gives each run its share of the cores (the schema's default of 1 would leave cores idle)."""
-    if point.config.threads is None:
-        return False
-    if any(o.partition("=")[0].strip() == "threads" for o in point.overrides):
-        return True
-    return spec.config is not None and "threads" in read_yaml(Path(spec.config))
-
-
-def run_command(spec: SweepSpec, point: SweepPoint, run_dir: Path, threads: int) -> list[str]:
+def run_command(spec: SweepSpec, point: SweepPoint, run_dir: Path) -> list[str]:
     """The ``fedmerge run`` process of one point: a new run, or the continuation of a stopped one."""
-    return RunJob(point.key, tuple(run_args(spec, point, run_dir, threads)), run_dir, Path(os.devnull)).command()
+    return RunJob(point.key, tuple(run_args(spec, point, run_dir)), run_dir, Path(os.devnull)).command()
 
 
 class SweepRunner:
@@ -135,7 +122,7 @@ class SweepRunner:
     def __init__(self, spec: SweepSpec, sweep_dir: Path, points: list[SweepPoint], jobs: int) -> None:
         self.spec, self.dir, self.points = spec, sweep_dir, points
         self.launcher = Launcher(jobs, status_file=sweep_dir / STATUS_FILE)
-        self.jobs, self.threads = self.launcher.jobs, self.launcher.threads
+        self.jobs, self.cores_each = self.launcher.jobs, self.launcher.cores_each
 
     @property
     def running(self) -> set[str]:
@@ -149,7 +136,7 @@ class SweepRunner:
 
     def job(self, point: SweepPoint) -> RunJob:
         run_dir = self.run_dir(point)
-        args = run_args(self.spec, point, run_dir, self.threads)
+        args = run_args(self.spec, point, run_dir)
         return RunJob(point.key, tuple(args), run_dir, self.dir / LOGS_DIR / f"{point.key}.log")
 
     def execute(self, point: SweepPoint) -> Outcome:

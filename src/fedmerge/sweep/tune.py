@@ -205,13 +205,17 @@ def tune(
 
 def _check_same_study(study: Any, cfg: BaseModel, space: dict[str, Param], metric: str, out_dir: Path) -> None:
     """A study continues only with the config, space and metric it started with."""
-    fixed = cfg.model_dump(mode="json", exclude={"algorithm", "threads", "output_dir", "name"})
+    fixed = cfg.model_dump(mode="json", exclude={"algorithm", "threads", "workers", "output_dir", "name"})
     fingerprint = json.dumps(
         {"config": fixed, "algorithm": cfg.algorithm.name, "space": {k: p.to_json() for k, p in space.items()},
          "metric": metric},
         sort_keys=True,
     )  # fmt: skip
     old = study.user_attrs.get("fingerprint")
+    if old is not None:  # studies made before workers was left out hold it (it changes no number)
+        data = json.loads(old)
+        data.get("config", {}).pop("workers", None)
+        old = json.dumps(data, sort_keys=True)
     if old is None:
         study.set_user_attr("fingerprint", fingerprint)
     elif old != fingerprint:
