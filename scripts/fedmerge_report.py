@@ -20,6 +20,7 @@ from typing import Any
 
 from fedmerge.config.schema import load_config
 from fedmerge.report.plot_merge_weights import client_groups
+from fedmerge.report.plot_privacy import dotted_keys
 from fedmerge.run.results import RunStore
 from fedmerge.run.summary import cluster_recovery
 
@@ -46,16 +47,6 @@ model it receives minus after local training, mean over rounds); ARI of each cli
 weight (IFCA: cluster; FedEM: argmax pi) vs. its true group; parameter budgets in float values (server
 stored, communicated per client per round, stored / optimised per client).
 """
-
-
-def flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
 
 
 def overrides(base: dict[str, Any], run: dict[str, Any]) -> list[str]:
@@ -116,7 +107,7 @@ def collect(runs_dir: Path) -> list[dict[str, Any]]:
 
 
 def setting_section(title: str, base_path: str, runs_dir: Path) -> list[str]:
-    base = flat(load_config(base_path).model_dump(mode="json"))
+    base = dotted_keys(load_config(base_path).model_dump(mode="json"))
     groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for run in collect(runs_dir):
         groups[method_label(run["cfg"])].append(run)
@@ -142,7 +133,7 @@ def setting_section(title: str, base_path: str, runs_dir: Path) -> list[str]:
         )
     lines += ["", "Commands:", "", "```"]
     for run in collect(runs_dir):
-        ov = " ".join(overrides(base, flat(run["cfg"])))
+        ov = " ".join(overrides(base, dotted_keys(run["cfg"])))
         lines.append(f"fedmerge run {base_path} --output-dir {runs_dir} name={run['cfg']['name']} {ov}".rstrip())
     lines += ["```", ""]
     return lines

@@ -21,6 +21,17 @@ def _say(message: str) -> None:
     err.print(message, highlight=False, soft_wrap=True, markup=False)
 
 
+def _launch(superlink: str, values: dict[str, str], app_dir: Path | None) -> None:
+    """Submit the fedmerge app to ``superlink`` and exit with the run's outcome (a launch error in one line)."""
+    from fedmerge.apps.deploy import LaunchError, launch
+
+    try:
+        code = launch(superlink, values, _say, app_dir)
+    except LaunchError as exc:
+        fail(str(exc), 1)
+    raise typer.Exit(code)
+
+
 @deploy_app.command("run", context_settings={"allow_interspersed_args": True})
 def run_cmd(
     superlink: str = typer.Argument(..., help="the SuperLink connection (in $FLWR_HOME/config.toml), e.g. secure"),
@@ -33,7 +44,6 @@ def run_cmd(
     app_dir: Path | None = typer.Option(None, "--app", help="a Flower App folder (default: written for this run)"),
 ) -> None:
     """Start a run on the SuperLink, stream its log, and exit 0 only if it completed (1 with the reason)."""
-    from fedmerge.apps.deploy import LaunchError, launch
     from fedmerge.run.provenance import redact
 
     config_path, overrides = split_args(args)
@@ -48,11 +58,7 @@ def run_cmd(
         # provenance.jsonl records this command, not the ServerApp's command line (which holds a token)
         "command": shlex.join(["fedmerge", *redact(sys.argv[1:])]),
     }
-    try:
-        code = launch(superlink, values, _say, app_dir)
-    except LaunchError as exc:
-        fail(str(exc), 1)
-    raise typer.Exit(code)
+    _launch(superlink, values, app_dir)
 
 
 @deploy_app.command(
@@ -86,7 +92,6 @@ def onboard_cmd(
 ) -> None:
     """Give the SuperNodes of clients that never trained their personalised models from a trained run: each
     node builds and keeps its model, and reports only its metrics. Exits 0 only if every newcomer was onboarded."""
-    from fedmerge.apps.deploy import LaunchError, launch
     from fedmerge.config.schema import ConfigError
     from fedmerge.run.onboard import parse_round
     from fedmerge.run.provenance import redact
@@ -102,8 +107,4 @@ def onboard_cmd(
         "partition-ids": ",".join(str(i) for i in partition_id or []),
         "command": shlex.join(["fedmerge", *redact(sys.argv[1:])]),
     }
-    try:
-        code = launch(superlink, values, _say, app_dir)
-    except LaunchError as exc:
-        fail(str(exc), 1)
-    raise typer.Exit(code)
+    _launch(superlink, values, app_dir)

@@ -91,7 +91,7 @@ def read_run(run_dir: str | Path, selection: str = "last") -> PrivacyRun:
         seed=int(config.get("seed", 0)),
         algorithm=str((config.get("algorithm") or {}).get("name", "?")),
         family=json.dumps(kept, sort_keys=True),
-        flat=_flatten(kept),
+        flat=dotted_keys(kept),
         mechanism=mechanism,
         privacy=json.dumps(section, sort_keys=True) if section else "",
         noise=noise,
@@ -115,11 +115,12 @@ def noise_text(settings: dict[str, Any]) -> str:
     return f"z={z:g}" if z is not None else f"target ε={settings.get('target_epsilon'):g}"
 
 
-def _flatten(section: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+def dotted_keys(section: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested config section as ``{"a.b.c": value}``, the form overrides take."""
     out: dict[str, Any] = {}
     for k, v in section.items():
         if isinstance(v, dict):
-            out.update(_flatten(v, f"{prefix}{k}."))
+            out.update(dotted_keys(v, f"{prefix}{k}."))
         else:
             out[f"{prefix}{k}"] = v
     return out
