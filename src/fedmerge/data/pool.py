@@ -88,6 +88,12 @@ class DatasetConfig(ComponentConfig):
     # load_pool then leaves the subsampling to it, and load_pool_and_heldout loads the rest separately.
     subsamples_itself: ClassVar[bool] = False
 
+    def lazy_whole(self) -> Pool | None:
+        """The whole dataset (``max_samples`` ignored) with its inputs as :class:`~fedmerge.data.lazy_rows.LazyRows`
+        made only for the rows used, for a loader whose inputs are expensive to make; None (the default): the
+        whole dataset is loaded as usual. ``load_pool_and_heldout`` takes the held-out pool from it."""
+        return None
+
     def token_length(self) -> int | None:
         """Length of the int64 token sequences this dataset yields, known before loading; None for
         float inputs (their shape is known only once loaded)."""
@@ -188,12 +194,14 @@ def load_pool_and_heldout(dataset_cfg: ComponentConfig | dict, seed: int | None 
     if max_samples is None:
         pool = _load_checked(cfg)
         return pool, pool.subset(np.zeros(0, dtype=np.int64))
-    full = _load_checked(cfg.model_copy(update={"max_samples": None}))
+    lazy = cfg.lazy_whole() if isinstance(cfg, DatasetConfig) else None
+    full = lazy if lazy is not None else _load_checked(cfg.model_copy(update={"max_samples": None}))
     rows = subsample_rows(full, max_samples, getattr(cfg, "subsample_seed", 0))
     if getattr(cfg, "subsamples_itself", False):
         pool = _load_checked(cfg)  # the loader's own subsample, exactly as load_pool gives it
-        same = np.array_equal(pool.y, full.y[rows]) and pool.x.shape == full.x[rows].shape
-        if not same or (pool.x.dtype.kind == "f" and not np.allclose(pool.x, full.x[rows], rtol=1e-3, atol=1e-3)):
+        kept = np.asarray(full.x[rows])  # a lazy pool makes (or reads from its cache) the subsample's inputs
+        same = np.array_equal(pool.y, full.y[rows]) and pool.x.shape == kept.shape
+        if not same or (pool.x.dtype.kind == "f" and not np.allclose(pool.x, kept, rtol=1e-3, atol=1e-3)):
             raise RuntimeError(f"dataset {cfg.name!r}: its loader's subsample is not stratified_subsample's")
     else:
         pool = full.subset(rows) if len(rows) < len(full) else full
