@@ -137,6 +137,29 @@ def test_a_claim_with_many_clients_is_judged_by_the_bootstrap_of_the_per_client_
     assert flipped["verdict"] == NOT_REPRODUCED and flipped["high"] == pytest.approx(-got["low"])
 
 
+def test_a_claim_on_newcomers_is_judged_by_the_newcomers_own_per_client_differences(tmp_path):
+    rng = np.random.default_rng(1)
+    for seed in (0, 1, 2):
+        for label, shift in (("Local", 0.0), ("FedAvg", 0.1)):
+            participants = list(rng.uniform(0.4, 0.6, size=12))  # FedAvg's participants are no better
+            write_run(tmp_path, run_key(label, 0, seed), participants)
+            folder = next((tmp_path / run_key(label, 0, seed)).iterdir())
+            newcomers = 0.3 + shift + np.arange(10) / 100
+            clients = {str(12 + c): {"test_acc": float(a), "test_n": 100.0} for c, a in enumerate(newcomers)}
+            rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+            rows[1]["eval_unseen"] = {"clients": clients}
+            (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+            summary = json.loads((folder / "summary.json").read_text())
+            summary["best_val"]["unseen"] = {"test_acc": {"mean": float(newcomers.mean())}}
+            (folder / "summary.json").write_text(json.dumps(summary))
+    study = two_row_study([0, 1, 2])
+    study = study.model_copy(update={"metric": study.metric.model_copy(update={"scope": "unseen"})})
+    got = judge(study, tmp_path, CHOSEN, Claim(higher="FedAvg", lower="Local"))
+    assert got["method"] == "bootstrap" and got["why"] == "3 seeds x 10 clients"
+    assert (got["difference"], got["low"], got["high"]) == pytest.approx((10.0, 10.0, 10.0))
+    assert got["per_seed"] == pytest.approx([10.0] * 3) and got["verdict"] == REPRODUCED
+
+
 def test_a_claim_with_few_clients_is_judged_by_a_paired_t_over_seeds(tmp_path):
     means = {0: (0.50, 0.52), 1: (0.60, 0.59), 2: (0.55, 0.58)}  # (Local, FedAvg) per seed, 3 clients each
     for seed, (local, fedavg) in means.items():

@@ -65,7 +65,8 @@ def judge(study: Study, runs: Path, chosen: dict[str, int], claim: Claim) -> dic
     if not seeds:
         return {**out, "method": None, "why": "no seed on which both rows finished", "verdict": None}
     few, n = min(len(d) for d in per_client), len(seeds)
-    if study.metric.scope == "clients" and few >= MIN_BOOTSTRAP_CLIENTS:
+    per_client_metric = study.metric.scope in ("clients", "unseen")  # the participants' or the newcomers'
+    if per_client_metric and few >= MIN_BOOTSTRAP_CLIENTS:
         estimate, low, high = bootstrap_interval(per_client, resamples=BOOTSTRAP_RESAMPLES, seed=BOOTSTRAP_SEED)
         method = "bootstrap"
         many = few if all(len(d) == few for d in per_client) else f"{few}+"
@@ -73,7 +74,7 @@ def judge(study: Study, runs: Path, chosen: dict[str, int], claim: Claim) -> dic
     elif n >= 2:
         estimate, low, high = paired_t_interval(diffs)
         method = "paired t"
-        if study.metric.scope != "clients":
+        if not per_client_metric:
             why = f"{n} seeds; the server model's metric"
         elif few == 0:
             why = f"{n} seeds; no per-client metrics in the run folders"

@@ -226,7 +226,8 @@ def score_on_test(study: Study, summary: dict[str, Any], when: str = "best_val")
 
 def client_scores(runs: Path, key: str, study: Study, when: str = "best_val") -> dict[str, tuple[float, int]] | None:
     """Each client's test metric and test size at the round the summary reports under ``when`` (from the
-    run's metrics.jsonl), by client id; None where the run folder holds no per-client metrics."""
+    run's metrics.jsonl), by client id; None where the run folder holds no per-client metrics. With
+    ``metric.scope: unseen`` the clients are the newcomers (``eval_unseen``), else the participants."""
     folder = finished_run(runs / key)
     if folder is None or not (folder / "metrics.jsonl").exists():
         return None
@@ -235,8 +236,9 @@ def client_scores(runs: Path, key: str, study: Study, when: str = "best_val") ->
     name = f"test_{study.metric.name}"
     for line in (folder / "metrics.jsonl").read_text().splitlines():
         row = json.loads(line)
-        if row.get("round") == at and "eval" in row:
-            clients = row["eval"].get("clients", {})
+        part = "eval_unseen" if study.metric.scope == "unseen" else "eval"
+        if row.get("round") == at and part in row:
+            clients = row[part].get("clients", {})
             return {
                 cid: (float(m[name]), int(m.get("test_n", 0)))
                 for cid, m in clients.items()
