@@ -4,6 +4,7 @@ resume."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
@@ -294,13 +295,52 @@ def test_fedper_newcomer_trains_its_head_on_the_frozen_body():
     assert_same(fedper.onboard(onboard_payload(body, 0), two_task_problem(False), ctx), {**body, **head})
 
 
+@pytest.mark.parametrize("algo", ["fedavg_ft", "fedmerge"])
+def test_further_budgets_are_the_runs_of_those_budgets_from_one_training(tmp_path, algo):
+    """unseen.also_adapt_epochs: the newcomers at budget 1 in a run that onboards them at 0 and 1 are, bit for
+    bit, the newcomers of a run at budget 1; everything else equals the run at budget 0 alone."""
+    base = [f"algorithm.name={algo}", "split.unseen_clients=2"]
+    both = run(quick_config(*base, "unseen.adapt_epochs=0", "unseen.also_adapt_epochs=[1]"), tmp_path / "both")
+    zero = run(quick_config(*base, "unseen.adapt_epochs=0"), tmp_path / "zero")
+    one = run(quick_config(*base, "unseen.adapt_epochs=1"), tmp_path / "one")
+    rows = {k: RunStore(r.run_dir).read_metrics() for k, r in (("both", both), ("zero", zero), ("one", one))}
+    evaluated = [i for i, r in enumerate(rows["both"]) if "eval_unseen" in r]
+    assert evaluated and all("eval_unseen_adapt1" in rows["both"][i] for i in evaluated)
+    for i in evaluated:
+        assert strip_timing(rows["both"][i]["eval_unseen_adapt1"]) == strip_timing(rows["one"][i]["eval_unseen"])
+        assert rows["both"][i]["summary_unseen_adapt1"] == rows["one"][i]["summary_unseen"]
+        assert rows["one"][i]["eval_unseen"] != rows["zero"][i]["eval_unseen"]  # the budget changes the newcomers
+    extra = ("eval_unseen_adapt1", "summary_unseen_adapt1")
+    assert strip_timing([{k: v for k, v in r.items() if k not in extra} for r in rows["both"]]) == strip_timing(
+        rows["zero"]
+    )
+    best, one_best, zero_best = (
+        json.loads((r.run_dir / "summary.json").read_text())["best_val"] for r in (both, one, zero)
+    )
+    assert best["round"] == one_best["round"] and best["unseen_adapt1"] == one_best["unseen"]
+    assert best["participation_gap_adapt1"] == one_best["participation_gap"]
+    assert best["unseen"] == zero_best["unseen"] and best["participation_gap"] == zero_best["participation_gap"]
+
+
+def test_further_budgets_are_checked_and_left_out_of_config_yaml_when_none():
+    with pytest.raises(ConfigError, match="each budget once"):
+        load_config(None, ["split.unseen_clients=2", "unseen.adapt_epochs=2", "unseen.also_adapt_epochs=[1,2]"])
+    with pytest.raises(ConfigError, match="each budget once"):
+        load_config(None, ["split.unseen_clients=2", "unseen.also_adapt_epochs=[1,1]"])
+    plain = yaml.safe_load(to_yaml(load_config(None, ["split.unseen_clients=2", "unseen.adapt_epochs=1"])))
+    assert plain["unseen"] == {"adapt_epochs": 1}  # run folders made before the option keep their digest
+    cfg = load_config(None, ["split.unseen_clients=2", "unseen.also_adapt_epochs=[2,5]"])
+    assert yaml.safe_load(to_yaml(cfg))["unseen"]["also_adapt_epochs"] == [2, 5]
+
+
 # --- same numbers everywhere ----------------------------------------------------------------------------------------
 @pytest.mark.parametrize("algo", ["fedmerge", "superfed_mm", "fedem", "apfl"])
 def test_workers_and_resume_give_the_same_newcomer_numbers(tmp_path, algo):
     extra = ["algorithm.start_round=1"] if algo.startswith("superfed") else []
+    extra += ["unseen.also_adapt_epochs=[0]"]  # a further budget, onboarded in the workers too
     cfg = quick_config(f"algorithm.name={algo}", *UNSEEN, *extra)
     one = run(quick_config(f"algorithm.name={algo}", *UNSEEN, *extra, "workers=1"), tmp_path / "one")
-    assert "eval_unseen" in RunStore(one.run_dir).read_metrics()[-1]
+    assert {"eval_unseen", "eval_unseen_adapt0"} <= set(RunStore(one.run_dir).read_metrics()[-1])
     two = run(quick_config(f"algorithm.name={algo}", *UNSEEN, *extra, "workers=2"), tmp_path / "two")
     assert_runs_identical(one.run_dir, two.run_dir)
     run(cfg, tmp_path / "cut", stop_after=2)
@@ -313,13 +353,14 @@ def test_flower_protocol_onboards_newcomers_as_the_local_engine(tmp_path, task_i
     pytest.importorskip("flwr")
     from test_flower_engine import SMALL, FakeGrid
 
-    algo = [f"algorithm.name={name}", "split.unseen_clients=1", "unseen.adapt_epochs=1"]
+    algo = [f"algorithm.name={name}", "split.unseen_clients=1", "unseen.adapt_epochs=1", "unseen.also_adapt_epochs=[0]"]
     grid = FakeGrid(4)  # 3 participants and 1 newcomer, one node each
     flower = run(quick_config(*SMALL, *algo, "engine=flower"), tmp_path / "flower", grid=grid)
     local = run(quick_config(*SMALL, *algo), tmp_path / "local")
     assert_runs_identical(local.run_dir, flower.run_dir)
     onboard = [m for m in grid.sent if m.content.config_records["fedmerge.job"].get("onboard")]
     assert onboard and {int(m.content.config_records["fedmerge.job"]["cid"]) for m in onboard} == {3}
+    assert "eval_unseen_adapt0" in RunStore(flower.run_dir).read_metrics()[-1]
     trains = [m for m in grid.sent if m.metadata.message_type == "train"]
     assert all(int(m.content.config_records["fedmerge.job"]["cid"]) < 3 for m in trains)
 
@@ -360,8 +401,10 @@ def test_comparison_tables_show_unseen_accuracy_and_gap_only_where_present():
 def test_a_study_can_score_the_newcomers_and_the_unseen_studies_expand():
     from pathlib import Path
 
+    from pydantic import ValidationError
+
     from fedmerge.study.protocol import score_on_test, val_score
-    from fedmerge.study.spec import Study, load_study_file
+    from fedmerge.study.spec import Metric, Study, load_study_file
 
     def stat(mean):
         return {"mean": mean, "weighted_mean": mean, "std": 0.0, "worst10": mean}
@@ -372,6 +415,12 @@ def test_a_study_can_score_the_newcomers_and_the_unseen_studies_expand():
     assert val_score({"best_val": best}, study) == 0.7  # tuning reads the participants
     with pytest.raises(ConfigError, match="split.unseen_clients"):
         score_on_test(study, {"best_val": {"clients": best["clients"]}})
+    later = study.model_copy(update={"metric": Metric(scope="unseen", adapt_epochs=2)})
+    assert score_on_test(later, {"best_val": {**best, "unseen_adapt2": {"test_acc": stat(0.65)}}}) == 0.65
+    with pytest.raises(ConfigError, match="metric.adapt_epochs 2: these runs onboarded no newcomer at that budget"):
+        score_on_test(later, {"best_val": best})
+    with pytest.raises(ValidationError, match="needs scope unseen"):
+        Metric(scope="clients", adapt_epochs=2)
     root = Path(__file__).resolve().parents[1]
     files = sorted((root / "studies" / "unseen").glob("*.yaml"))
     assert len(files) == 2
@@ -379,7 +428,11 @@ def test_a_study_can_score_the_newcomers_and_the_unseen_studies_expand():
         spec = load_study_file(path)  # validates every point of every revision
         first, adapted = spec.at("first"), spec.at("adapt2")
         assert first.metric.scope == "unseen" and {200, 201, 202} == set(first.seeds)
-        assert all("unseen.adapt_epochs=2" in m.overrides for m in adapted.methods)
         assert {m.label for m in first.methods} >= {"Ditto", "APFL", "pFedMe", "FedPer", "SuPerFed-MM", "FedEM M=5"}
         base = load_config(str(root / first.base), [])
+        if adapted.metric.adapt_epochs is None:  # budget 2 trained again, the rows' only change
+            assert all("unseen.adapt_epochs=2" in m.overrides for m in adapted.methods)
+        else:  # budget 2 read from the same runs, which onboard newcomers at both budgets
+            assert adapted.metric.adapt_epochs == 2 and base.unseen.also_adapt_epochs == (2,)
+            assert [m.model_dump() for m in adapted.methods] == [m.model_dump() for m in first.methods]
         assert base.split.unseen_clients * 5 == base.partition.num_clients and base.unseen.adapt_epochs == 0

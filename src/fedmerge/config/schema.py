@@ -19,6 +19,7 @@ from pydantic import (
     Field,
     StringConstraints,
     ValidationError,
+    ValidationInfo,
     create_model,
     field_validator,
 )
@@ -112,6 +113,18 @@ class UnseenSettings(BaseModel):
     adapt_epochs: int = Field(
         0, ge=0, description="epochs of adaptation on the newcomer's training split (0: the method's model as sent)"
     )
+    also_adapt_epochs: tuple[Annotated[int, Field(ge=0)], ...] = Field(
+        (),
+        description="more budgets onboarded from the same server state at the same rounds, each logged as "
+        "eval_unseen_adaptN: one training compares several budgets (empty: only adapt_epochs)",
+    )
+
+    @field_validator("also_adapt_epochs")
+    @classmethod
+    def _distinct_budgets(cls, value: tuple[int, ...], info: ValidationInfo) -> tuple[int, ...]:
+        if len(set(value)) != len(value) or info.data.get("adapt_epochs") in value:
+            raise ValueError("each budget once, and not adapt_epochs again")
+        return value
 
 
 class RunSettings(BaseModel):
@@ -542,6 +555,8 @@ def defaults_left_out(cfg: BaseModel) -> dict[str, Any]:
     left_out |= {"unseen": True} if getattr(cfg, "unseen", None) is None else {}
     left_out |= {"keep_freed_memory": True} if getattr(cfg, "keep_freed_memory", True) else {}
     for section, key, default in NESTED_ADDED_KEYS:
+        if left_out.get(section) is True:  # the whole section is left out
+            continue
         if getattr(getattr(cfg, section, None), key, default) == default:
             left_out.setdefault(section, {})[key] = True
     return left_out
@@ -552,6 +567,7 @@ NESTED_ADDED_KEYS = (
     ("dataset", "subsample_seed", 0),
     ("split", "test_per_client", None),
     ("split", "unseen_clients", 0),
+    ("unseen", "also_adapt_epochs", ()),
 )
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any, Protocol
 
@@ -126,13 +126,18 @@ class Schedule:
         return tuple(sorted(int(c) for c in rng.choice(self.num_clients, size=k, replace=False)))
 
 
+UNSEEN_EVAL = "eval_unseen"  # a round record's newcomer metrics; eval_unseen_adaptN: the budget N of also_adapt_epochs
+
+
 @dataclass(frozen=True)
 class Newcomers:
     """Clients that never train (``split.unseen_clients``), onboarded at every evaluation round: their engine
-    ids (after the ``Schedule``'s participants) and their adaptation budget (``unseen.adapt_epochs``)."""
+    ids (after the ``Schedule``'s participants), their adaptation budget (``unseen.adapt_epochs``) and more
+    budgets onboarded from the same server state (``unseen.also_adapt_epochs``)."""
 
     cids: tuple[int, ...]
     adapt_epochs: int = 0
+    also: tuple[int, ...] = ()
 
 
 RoundCallback = Callable[[int, ServerState, dict[str, Any]], None]
@@ -233,7 +238,10 @@ def run_rounds(
             evaluated = schedule.evaluated(rnd, selected)
             record["eval"] = evaluate_clients(algorithm, engine, state, rnd, evaluated)
             if newcomers is not None and newcomers.cids:
-                record["eval_unseen"] = onboard_clients(algorithm, engine, state, rnd, newcomers)
+                record[UNSEEN_EVAL] = onboard_clients(algorithm, engine, state, rnd, newcomers)
+                for budget in newcomers.also:  # the same state: the budgets differ only in the adaptation
+                    other = replace(newcomers, adapt_epochs=budget)
+                    record[f"{UNSEEN_EVAL}_adapt{budget}"] = onboard_clients(algorithm, engine, state, rnd, other)
             record["eval_seconds"] = time.perf_counter() - t1
         if on_round_end is not None:
             on_round_end(rnd, state, record)

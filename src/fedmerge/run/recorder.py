@@ -19,7 +19,7 @@ from fedmerge.core.checkpoint import (
     Checkpoint,
     save_checkpoint,
 )
-from fedmerge.core.loop import Engine, Newcomers, Schedule, run_rounds
+from fedmerge.core.loop import UNSEEN_EVAL, Engine, Newcomers, Schedule, run_rounds
 from fedmerge.core.state_store import StateStore, StoredStates
 from fedmerge.core.types import ServerState
 from fedmerge.engines.device import peak_memory_mib
@@ -144,8 +144,8 @@ def record_rounds(
                 record["failed_clients"] = failures
             if "eval" in record:
                 record["summary"] = summarize_eval(record["eval"]["clients"])
-            if "eval_unseen" in record:
-                record["summary_unseen"] = summarize_eval(record["eval_unseen"]["clients"])
+            for key in [k for k in record if k.startswith(UNSEEN_EVAL)]:  # eval_unseen -> summary_unseen, ...
+                record["summary" + key.removeprefix("eval")] = summarize_eval(record[key]["clients"])
             record["elapsed_seconds"] = time.perf_counter() - t_start
             peak = peak_memory_mib(device)  # on CUDA: this round's peak, so growth over rounds shows
             if peak is not None:
@@ -191,6 +191,8 @@ def record_rounds(
         info["workers"] = {"processes": used, "from_round": engine.parallel_from} if used > 1 else {"processes": 1}
     if newcomers is not None:
         info["unseen_clients"] = {"count": len(newcomers.cids), "adapt_epochs": newcomers.adapt_epochs}
+        if newcomers.also:
+            info["unseen_clients"]["also_adapt_epochs"] = list(newcomers.also)
     if num_classes is not None:
         info["num_classes"] = num_classes
     if hasattr(algorithm, "privacy_summary"):  # privacy: the guarantees spent (per client for DP-SGD)

@@ -206,7 +206,9 @@ def run_experiment(
 def newcomers_of(cfg: BaseModel, data: FederatedDataset) -> Newcomers:
     """The clients that never train (after the participants) and their adaptation budget."""
     cids = tuple(range(data.num_participants, len(data.clients)))
-    return Newcomers(cids, cfg.unseen.adapt_epochs if cfg.unseen is not None else 0)
+    if cfg.unseen is None:
+        return Newcomers(cids)
+    return Newcomers(cids, cfg.unseen.adapt_epochs, tuple(cfg.unseen.also_adapt_epochs))
 
 
 def run_from_files(

@@ -82,16 +82,18 @@ def build_summary(rows: list[dict[str, Any]], info: dict[str, Any]) -> dict[str,
 def unseen_part(row: dict[str, Any]) -> dict[str, Any]:
     """The clients that never trained at an evaluated round: their summary and the participation gap (the
     participants' mean of each headline metric minus theirs: positive when newcomers do worse on a metric where
-    higher is better); empty without such clients."""
-    unseen = row.get("summary_unseen")
-    if not unseen:
-        return {}
-    gap = {
-        key: row["summary"][key]["mean"] - unseen[key]["mean"]
-        for key in HEADLINE
-        if key in unseen and key in row["summary"]
-    }
-    return {"unseen": unseen, "participation_gap": gap}
+    higher is better); empty without such clients. Each further budget (``unseen.also_adapt_epochs``) adds
+    ``unseen_adaptN`` and ``participation_gap_adaptN``."""
+    out: dict[str, Any] = {}
+    for name in [k.removeprefix("summary_") for k in row if k.startswith("summary_unseen")]:
+        unseen = row[f"summary_{name}"]
+        gap = {
+            key: row["summary"][key]["mean"] - unseen[key]["mean"]
+            for key in HEADLINE
+            if key in unseen and key in row["summary"]
+        }
+        out |= {name: unseen, "participation_gap" + name.removeprefix("unseen"): gap}
+    return out
 
 
 # a classifier's training loss this many times a uniform guess's ln(C) means it did not train but blew up

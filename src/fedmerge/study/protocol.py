@@ -216,7 +216,12 @@ def share_runs(study: Study, runs: Path, old_study: Study, old_runs: Path) -> in
 def score_on_test(study: Study, summary: dict[str, Any], when: str = "best_val") -> float:
     """The table's metric on the test split; a method without a server model (Local) falls back to
     the mean over its clients when the metric is the server's."""
-    part = summary[when].get(study.metric.scope)
+    part = summary[when].get(study.metric.part)
+    if part is None and study.metric.adapt_epochs is not None and summary[when].get("unseen"):
+        raise ConfigError(
+            f"metric.adapt_epochs {study.metric.adapt_epochs}: these runs onboarded no newcomer at that budget "
+            "(unseen.also_adapt_epochs)"
+        )
     if part is None and study.metric.scope == "unseen":
         raise ConfigError("metric.scope unseen: these runs have no clients that never trained (split.unseen_clients)")
     part = part or summary[when]["clients"]
@@ -227,7 +232,8 @@ def score_on_test(study: Study, summary: dict[str, Any], when: str = "best_val")
 def client_scores(runs: Path, key: str, study: Study, when: str = "best_val") -> dict[str, tuple[float, int]] | None:
     """Each client's test metric and test size at the round the summary reports under ``when`` (from the
     run's metrics.jsonl), by client id; None where the run folder holds no per-client metrics. With
-    ``metric.scope: unseen`` the clients are the newcomers (``eval_unseen``), else the participants."""
+    ``metric.scope: unseen`` the clients are the newcomers (``eval_unseen``, or ``eval_unseen_adaptN`` at a
+    further budget), else the participants."""
     folder = finished_run(runs / key)
     if folder is None or not (folder / "metrics.jsonl").exists():
         return None
@@ -236,7 +242,7 @@ def client_scores(runs: Path, key: str, study: Study, when: str = "best_val") ->
     name = f"test_{study.metric.name}"
     for line in (folder / "metrics.jsonl").read_text().splitlines():
         row = json.loads(line)
-        part = "eval_unseen" if study.metric.scope == "unseen" else "eval"
+        part = "eval_" + study.metric.part if study.metric.scope == "unseen" else "eval"
         if row.get("round") == at and part in row:
             clients = row[part].get("clients", {})
             return {

@@ -209,7 +209,7 @@ def results_json(done: Conducted) -> dict[str, Any]:
             "noise_floor": floors[m.label],
         }
     checks = [{k: v for k, v in c.items() if k not in ("ref", "prior")} for c in _regime_checks(done)]
-    metric = f"{study.metric.scope} test {study.metric.name}"
+    metric = f"{study.metric.part} test {study.metric.name}"
     return {
         "title": study.title,
         "metric": metric,

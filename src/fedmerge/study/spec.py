@@ -107,10 +107,24 @@ class Metric(_Strict):
     """The table's metric: the clients' mean (``clients``) or the server model on the pooled test split
     (``global``; a method without one falls back to the clients' mean), or the clients that never trained
     (``unseen``: their mean at the round chosen on the participants' validation split; the base config sets
-    ``split.unseen_clients``); top-1 (``acc``), ``top5``, or ROUGE-1 of generated answers (``rouge1``)."""
+    ``split.unseen_clients``); top-1 (``acc``), ``top5``, or ROUGE-1 of generated answers (``rouge1``).
+    ``adapt_epochs`` (scope ``unseen``): the newcomers at a further budget of ``unseen.also_adapt_epochs``,
+    onboarded in the same runs; None: at the runs' own ``unseen.adapt_epochs``."""
 
     scope: Literal["clients", "global", "unseen"] = "clients"
     name: Literal["acc", "top5", "rouge1"] = "acc"
+    adapt_epochs: int | None = Field(None, ge=0)
+
+    @model_validator(mode="after")
+    def _budget_needs_unseen(self) -> Metric:
+        if self.adapt_epochs is not None and self.scope != "unseen":
+            raise ValueError("metric.adapt_epochs is the newcomers' budget: it needs scope unseen")
+        return self
+
+    @property
+    def part(self) -> str:
+        """Its part of a summary's ``best_val`` (or ``last``): clients, global, unseen or unseen_adaptN."""
+        return self.scope if self.adapt_epochs is None else f"unseen_adapt{self.adapt_epochs}"
 
 
 class _Fields(_Strict):
@@ -185,6 +199,9 @@ class Revision(_Strict):
     description: str | None = None
     description_more: str | None = None  # appended to the description, after a space
     regime: Regime | None = None
+    # a revision that reads the same runs another way, e.g. the newcomers at a further budget
+    # (metric.adapt_epochs) of runs that onboard them at several (unseen.also_adapt_epochs)
+    metric: Metric | None = None
     methods: list[RowChange] = []
 
 
@@ -241,6 +258,8 @@ def _apply(study: Study, rev: Revision) -> Study:
         changed["description"] = f"{before} {rev.description_more.strip()}"
     if rev.regime is not None:
         changed["regime"] = Regime(**{**study.regime.model_dump(), **rev.regime.model_dump(exclude_unset=True)})
+    if rev.metric is not None:
+        changed["metric"] = rev.metric
     return study.model_copy(update=changed)
 
 
