@@ -215,7 +215,7 @@ def record_table(families: list[Family], verdicts: str) -> list[str]:
             raise ValueError(f"verdicts.md: {paper_table!r} names no study report here: {missing or record!r}")
         chosen = [studies[t] for t in links]
         weak = [s.name for s, _ in chosen if not s.kept]
-        if verdict == "evidence" and weak:
+        if verdict.startswith(("evidence", "regime kept")) and weak:
             raise ValueError(
                 f"verdicts.md calls {paper_table!r} evidence, but the regime of {', '.join(weak)} is not kept "
                 "on every seed"
@@ -304,8 +304,8 @@ gives each). "(read test)": that regime check read the test split, as checks did
 validation only.
 """
 
-README_PROTOCOL = """A paper table's verdicts are **evidence** where its study keeps the regime on every seed, and
-**provisional** otherwise. [verdicts.md](verdicts.md) gives each claim's verdict with the figures
+README_PROTOCOL = """A paper table's verdicts can be **evidence** only where its study keeps the regime on every seed
+(**provisional** otherwise), and they count once confirmed on fresh seeds (the second table). [verdicts.md](verdicts.md) gives each claim's verdict with the figures
 behind it, and says why two tables whose regime is not kept were run all the same.
 
 ## Protocol
