@@ -343,6 +343,8 @@ README_LINKS = """## More
 - [MOVED.md](MOVED.md): where each report, JSON file and reading was before they got a folder per
   paper and study family.
 - [archive/](archive/README.md): the first reproductions, made before the regime check (not evidence).
+- [unseen/](unseen/READING.md): clients that never trained, on the domain and cluster analogues: what each
+  method gives a newcomer, at no adaptation and at 2 epochs (no paper claim: questions, with intervals).
 - To run a study and refresh this index:
 
   ```bash
