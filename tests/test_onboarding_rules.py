@@ -14,7 +14,7 @@ import torch
 from test_unseen_clients import assert_same, context, linear_factory, solver, two_task_problem
 
 from fedmerge.algorithms._multimodel import pack
-from fedmerge.core.algorithm import ADAPT_EPOCHS, ALGORITHMS, Algorithm, ClientContext
+from fedmerge.core.algorithm import ADAPT_EPOCHS, ADAPT_LR, ALGORITHMS, Algorithm, ClientContext, for_newcomer
 from fedmerge.core.seeding import torch_generator
 from fedmerge.core.training import LocalTraining, local_sgd
 from fedmerge.core.types import ClientState, Payload, ServerState
@@ -91,6 +91,28 @@ def test_global_model_methods_onboard_the_global_model_fine_tuned(name):
         model, data.x_train, data.y_train, sgd(2, extra.get("finetune_lr", 0.1)), torch_generator(0, 3, 9, "onboard")
     )
     assert_same(got, model.state_dict())
+
+
+@pytest.mark.parametrize("name", ["fedavg", "fedavg_ft", "ditto"])
+def test_adapt_lr_is_the_newcomers_learning_rate_and_nothing_else(name):
+    """unseen.adapt_lr (payload meta): the rule runs as the method with that lr (FedAvg+: its fine-tuning lr
+    too), by hand for FedAvg; the method itself is left unchanged."""
+    extra = {"finetune_lr": 0.05} if name == "fedavg_ft" else {}
+    alg = build(name, **extra)
+    state = trained(alg.init_server_state())
+    data = two_task_problem(True)
+    payload = received(alg, state, 2)
+    slow = Payload(payload.tensors, {**payload.meta, ADAPT_LR: 0.02})
+    got = for_newcomer(alg, slow).onboard_variants(slow, data, context())[""]
+    assert alg.config.lr == 0.1 and for_newcomer(alg, payload) is alg  # no adapt_lr: the method as it is
+    same_lr = build(name, lr=0.02, **({"finetune_lr": 0.02} if extra else {}))
+    assert_same(got, same_lr.onboard_variants(payload, data, context())[""])
+    assert not all(torch.equal(got[k], v) for k, v in alg.onboard(payload, data, context()).items())
+    if name == "fedavg":
+        model = linear_factory(torch.Generator())
+        model.load_state_dict(alg.global_model(state))
+        local_sgd(model, data.x_train, data.y_train, sgd(2, 0.02), torch_generator(0, 3, 9, "onboard"))
+        assert_same(got, model.state_dict())
 
 
 def test_local_newcomer_trains_the_common_initial_model_alone():

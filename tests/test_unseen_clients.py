@@ -322,6 +322,20 @@ def test_further_budgets_are_the_runs_of_those_budgets_from_one_training(tmp_pat
     assert best["unseen"] == zero_best["unseen"] and best["participation_gap"] == zero_best["participation_gap"]
 
 
+def test_adapt_lr_changes_the_newcomers_only(tmp_path):
+    base = ["algorithm.name=fedavg", "algorithm.lr=0.1", "split.unseen_clients=2", "unseen.adapt_epochs=1"]
+    plain = run(quick_config(*base), tmp_path / "plain")
+    same = run(quick_config(*base, "unseen.adapt_lr=0.1"), tmp_path / "same")  # the method's own lr again
+    assert_runs_identical(plain.run_dir, same.run_dir)
+    slow = run(quick_config(*base, "unseen.adapt_lr=0.01"), tmp_path / "slow")
+    rows = {k: RunStore(r.run_dir).read_metrics() for k, r in (("plain", plain), ("slow", slow))}
+    drop = ("eval_unseen", "summary_unseen")
+    assert strip_timing([{k: v for k, v in r.items() if k not in drop} for r in rows["slow"]]) == strip_timing(
+        [{k: v for k, v in r.items() if k not in drop} for r in rows["plain"]]
+    )
+    assert rows["slow"][-1]["eval_unseen"] != rows["plain"][-1]["eval_unseen"]
+
+
 def test_further_budgets_are_checked_and_left_out_of_config_yaml_when_none():
     with pytest.raises(ConfigError, match="each budget once"):
         load_config(None, ["split.unseen_clients=2", "unseen.adapt_epochs=2", "unseen.also_adapt_epochs=[1,2]"])
@@ -354,6 +368,7 @@ def test_flower_protocol_onboards_newcomers_as_the_local_engine(tmp_path, task_i
     from test_flower_engine import SMALL, FakeGrid
 
     algo = [f"algorithm.name={name}", "split.unseen_clients=1", "unseen.adapt_epochs=1", "unseen.also_adapt_epochs=[0]"]
+    algo += ["unseen.adapt_lr=0.03"]  # carried to the newcomer's node in its payload
     grid = FakeGrid(4)  # 3 participants and 1 newcomer, one node each
     flower = run(quick_config(*SMALL, *algo, "engine=flower"), tmp_path / "flower", grid=grid)
     local = run(quick_config(*SMALL, *algo), tmp_path / "local")

@@ -113,6 +113,12 @@ class UnseenSettings(BaseModel):
     adapt_epochs: int = Field(
         0, ge=0, description="epochs of adaptation on the newcomer's training split (0: the method's model as sent)"
     )
+    adapt_lr: float | None = Field(
+        None,
+        gt=0,
+        description="the newcomers' learning rate when they adapt (and fine-tune); null: the method's own lr, "
+        "which was tuned for federated rounds, not for one client alone",
+    )
     also_adapt_epochs: tuple[Annotated[int, Field(ge=0)], ...] = Field(
         (),
         description="more budgets onboarded from the same server state at the same rounds, each logged as "
@@ -568,6 +574,7 @@ NESTED_ADDED_KEYS = (
     ("split", "test_per_client", None),
     ("split", "unseen_clients", 0),
     ("unseen", "also_adapt_epochs", ()),
+    ("unseen", "adapt_lr", None),
 )
 
 

@@ -112,6 +112,21 @@ def adapt_epochs(payload: Payload) -> int:
     return int(payload.meta.get(ADAPT_EPOCHS, 0))
 
 
+ADAPT_LR = "adapt_lr"  # onboarding payload meta: the newcomer's learning rate (unseen.adapt_lr), absent: the method's
+
+
+def for_newcomer(algorithm: Algorithm, payload: Payload) -> Algorithm:
+    """The algorithm a newcomer adapts with: itself, or with ``unseen.adapt_lr`` as its learning rate (and as
+    its fine-tuning rate where it has one); a shallow copy, the objects it built at its start shared."""
+    lr = payload.meta.get(ADAPT_LR)
+    if lr is None:
+        return algorithm
+    clone = copy.copy(algorithm)
+    update = {key: float(lr) for key in ("lr", "finetune_lr") if key in type(algorithm.config).model_fields}
+    clone.config = algorithm.config.model_copy(update=update)
+    return clone
+
+
 def with_epochs(cfg: LocalTraining, epochs: int) -> LocalTraining:
     """``cfg`` training for ``epochs`` epochs (``local_steps`` unset): a newcomer's adaptation budget."""
     return cfg.model_copy(update={"local_epochs": epochs, "local_steps": None})

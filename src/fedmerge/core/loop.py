@@ -11,7 +11,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from .algorithm import ADAPT_EPOCHS, Algorithm, ClientRows
+from .algorithm import ADAPT_EPOCHS, ADAPT_LR, Algorithm, ClientRows
 from .secure_sum import SummedUpdates
 from .seeding import numpy_rng
 from .types import ClientState, Payload, ServerState, Update
@@ -138,6 +138,7 @@ class Newcomers:
     cids: tuple[int, ...]
     adapt_epochs: int = 0
     also: tuple[int, ...] = ()
+    adapt_lr: float | None = None  # unseen.adapt_lr; None: the method's own
 
 
 RoundCallback = Callable[[int, ServerState, dict[str, Any]], None]
@@ -172,7 +173,8 @@ def onboard_clients(algorithm: Algorithm, engine: Engine, state: ServerState, rn
     """Metrics of the newcomers' models, onboarded from the server state of round ``rnd`` (which they leave as
     it is), and the values each newcomer downloads."""
     sent = algorithm.configure_onboard(state, rnd, list(newcomers.cids))
-    payloads = {c: Payload(p.tensors, {**p.meta, ADAPT_EPOCHS: newcomers.adapt_epochs}) for c, p in sent.items()}
+    meta = {ADAPT_EPOCHS: newcomers.adapt_epochs} | ({ADAPT_LR: newcomers.adapt_lr} if newcomers.adapt_lr else {})
+    payloads = {c: Payload(p.tensors, {**p.meta, **meta}) for c, p in sent.items()}
     per_client = engine.evaluate(algorithm, rnd, payloads, newcomers=True)
     return {
         "clients": {int(c): m for c, m in sorted(per_client.items())},

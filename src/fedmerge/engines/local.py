@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from fedmerge.core.algorithm import Algorithm, ClientContext, ClientDataLike, Predictor, StateDict
+from fedmerge.core.algorithm import Algorithm, ClientContext, ClientDataLike, Predictor, StateDict, for_newcomer
 from fedmerge.core.params import clone_state
 from fedmerge.core.seeding import derive_seed
 from fedmerge.core.state_store import MemoryStates, StoredStates
@@ -150,7 +150,7 @@ class LocalEngine:
         ctx = self._context(rnd, cid, "onboard")
         payload = payload.to(self.device)
         data = self.clients[cid]
-        variants = algorithm.onboard_variants(payload, data, ctx)
+        variants = for_newcomer(algorithm, payload).onboard_variants(payload, data, ctx)
         kept = {name: w if callable(w) else clone_state(w) for name, w in variants.items()} if keep else {}
         return evaluate_client(algorithm, payload, data, ClientState(), ctx, self.eval_batch_size, variants), kept
 

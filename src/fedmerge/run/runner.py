@@ -208,7 +208,7 @@ def newcomers_of(cfg: BaseModel, data: FederatedDataset) -> Newcomers:
     cids = tuple(range(data.num_participants, len(data.clients)))
     if cfg.unseen is None:
         return Newcomers(cids)
-    return Newcomers(cids, cfg.unseen.adapt_epochs, tuple(cfg.unseen.also_adapt_epochs))
+    return Newcomers(cids, cfg.unseen.adapt_epochs, tuple(cfg.unseen.also_adapt_epochs), cfg.unseen.adapt_lr)
 
 
 def run_from_files(
