@@ -305,8 +305,9 @@ validation only.
 """
 
 README_PROTOCOL = """A paper table's verdicts can be **evidence** only where its study keeps the regime on every seed
-(**provisional** otherwise), and they count once confirmed on fresh seeds (the second table). [verdicts.md](verdicts.md) gives each claim's verdict with the figures
-behind it, and says why two tables whose regime is not kept were run all the same.
+(**provisional** otherwise), and they count once confirmed on fresh seeds (the second table).
+[verdicts.md](verdicts.md) gives each claim's verdict with the figures behind it, and says why two tables
+whose regime is not kept were run all the same.
 
 ## Protocol
 
