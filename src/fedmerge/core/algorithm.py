@@ -115,6 +115,12 @@ def adapt_epochs(payload: Payload) -> int:
 ADAPT_LR = "adapt_lr"  # onboarding payload meta: the newcomer's learning rate (unseen.adapt_lr), absent: the method's
 
 
+def onboard_meta(epochs: int, lr: float | None = None) -> dict[str, Any]:
+    """What the round loop and deployed onboarding add to a newcomer's payload meta: its budget and, where
+    ``unseen.adapt_lr`` is set, its learning rate."""
+    return {ADAPT_EPOCHS: epochs} | ({ADAPT_LR: lr} if lr else {})
+
+
 def for_newcomer(algorithm: Algorithm, payload: Payload) -> Algorithm:
     """The algorithm a newcomer adapts with: itself, or with ``unseen.adapt_lr`` as its learning rate (and as
     its fine-tuning rate where it has one); a shallow copy, the objects it built at its start shared."""

@@ -11,7 +11,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from .algorithm import ADAPT_EPOCHS, ADAPT_LR, Algorithm, ClientRows
+from .algorithm import Algorithm, ClientRows, onboard_meta
 from .secure_sum import SummedUpdates
 from .seeding import numpy_rng
 from .types import ClientState, Payload, ServerState, Update
@@ -173,7 +173,7 @@ def onboard_clients(algorithm: Algorithm, engine: Engine, state: ServerState, rn
     """Metrics of the newcomers' models, onboarded from the server state of round ``rnd`` (which they leave as
     it is), and the values each newcomer downloads."""
     sent = algorithm.configure_onboard(state, rnd, list(newcomers.cids))
-    meta = {ADAPT_EPOCHS: newcomers.adapt_epochs} | ({ADAPT_LR: newcomers.adapt_lr} if newcomers.adapt_lr else {})
+    meta = onboard_meta(newcomers.adapt_epochs, newcomers.adapt_lr)
     payloads = {c: Payload(p.tensors, {**p.meta, **meta}) for c, p in sent.items()}
     per_client = engine.evaluate(algorithm, rnd, payloads, newcomers=True)
     return {

@@ -21,7 +21,7 @@ import torch
 from pydantic import BaseModel
 
 from fedmerge.config.schema import CONFIG_FILE, ConfigError, load_config
-from fedmerge.core.algorithm import ADAPT_EPOCHS, ADAPT_LR, Algorithm
+from fedmerge.core.algorithm import Algorithm, onboard_meta
 from fedmerge.core.checkpoint import LATEST, Checkpoint, CheckpointError, load_checkpoint, parse_checkpoint
 from fedmerge.core.types import Payload
 from fedmerge.data.unseen import unseen_count
@@ -195,8 +195,8 @@ def onboard_run(request: OnboardRequest, grid: Any, notify: Any = None) -> Onboa
         sent = algorithm.configure_onboard(run.checkpoint.server_state, rnd, cids)
     except NotImplementedError as exc:
         raise ConfigError(f"{str(exc).splitlines()[0]}: its run cannot onboard newcomers") from None
-    lr = {ADAPT_LR: unseen.adapt_lr} if unseen is not None and unseen.adapt_lr else {}  # the run's unseen.adapt_lr
-    payloads = {c: Payload(p.tensors, {**p.meta, ADAPT_EPOCHS: epochs, **lr}) for c, p in sent.items()}
+    meta = onboard_meta(epochs, unseen.adapt_lr if unseen is not None else None)  # the run's unseen.adapt_lr
+    payloads = {c: Payload(p.tensors, {**p.meta, **meta}) for c, p in sent.items()}
     job = client_job(cfg.model_dump(mode="json"), run.participants, with_data=False)
     model = model_factory(torch.Generator().manual_seed(0))
     engine = FlowerEngine(
