@@ -169,6 +169,13 @@ def test_commands_show_paths_inside_the_repository_relative_to_it(monkeypatch, t
         "fedmerge run configs/a.yaml seed=1 --output-dir runs/repro/old/fedavg-g0-s1 --no-progress "
         "dataset.path=/usr/share/data 'name=a b'"
     )
+    # A run copied from an earlier revision's folder outside the repository: its folder is still shown
+    # relative, so no report names the machine's own directories.
+    (tmp_path / "repo").mkdir()
+    monkeypatch.chdir(tmp_path / "repo")
+    assert shown_command(f"fedmerge run a.yaml --output-dir {tmp_path}/confirm/old/fedavg-g0-s1") == (
+        "fedmerge run a.yaml --output-dir ../confirm/old/fedavg-g0-s1"
+    )
 
 
 def test_the_report_states_the_reference_settings_the_study_used():

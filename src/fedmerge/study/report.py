@@ -80,11 +80,16 @@ def reference_settings_text(study: Study) -> str:
 
 
 def shown_command(command: str) -> str:
-    """A run's command with absolute paths inside the repository shown relative to it (runs made from
-    another checkout, or copied from an earlier revision's folder, record absolute run-folder paths)."""
+    """A run's command with absolute paths inside the repository, and every run folder, shown relative to
+    the repository (runs made from another checkout, or copied from an earlier revision's folder, record
+    absolute run-folder paths, which name the machine they ran on)."""
     root = os.getcwd() + os.sep
     words = shlex.split(command)
-    return shlex.join(os.path.relpath(w) if w.startswith(root) else w for w in words)
+    shown = [
+        os.path.relpath(w) if w.startswith(root) or (i and words[i - 1] == "--output-dir" and os.path.isabs(w)) else w
+        for i, w in enumerate(words)
+    ]
+    return shlex.join(shown)
 
 
 def budget_total(history: list[Study]) -> dict[str, int]:
