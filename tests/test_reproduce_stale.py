@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import yaml
 from typer.testing import CliRunner
@@ -10,7 +12,7 @@ from fedmerge.cli import app
 from fedmerge.config.schema import ConfigError
 from fedmerge.study import protocol as rp
 from fedmerge.study.report import reference_settings_text, shown_command
-from fedmerge.study.spec import Row, Study, load_study, run_overrides
+from fedmerge.study.spec import Regime, Row, Study, load_study, run_overrides
 
 
 def study_of(**fields) -> Study:
@@ -99,6 +101,29 @@ def test_share_runs_copies_only_runs_the_new_study_asks_for_unchanged(made_run, 
     other = tmp_path / "moved"
     assert rp.share_runs(moved, other, study, runs) == 0  # g0 is now lr 0.4: a different run
     assert not (other / "regime-seed0.json").exists()  # the reference is tuned over other lrs
+
+
+def test_reuse_copies_another_studys_runs_only_where_config_and_reference_settings_agree(made_run, tmp_path):
+    study, runs, _, base = made_run
+    # Another study file whose base is a copy of this one's under another name: the runs agree by content.
+    twin = tmp_path / "twin.yaml"
+    twin.write_text(base.read_text())
+    other = study.model_copy(update={"base": str(twin), "seeds": [0, 1]})
+    (runs / "regime-seed0.json").write_text(json.dumps({"settings": rp.reference_digest(other, 0)}))
+    (runs / "regime-seed1.json").write_text(json.dumps({"settings": "0" * 16}))  # trained another way
+    new_runs = tmp_path / "twin_runs"
+    assert rp.reuse_runs(other, new_runs, runs) == (1, 1)
+    assert rp.finished(rp.run_folder(new_runs, "fedavg-g0-s0")) and not (new_runs / "fedavg-g0-s1").exists()
+    assert (new_runs / "regime-seed0.json").exists() and not (new_runs / "regime-seed1.json").exists()
+    assert rp.reuse_runs(other, new_runs, runs) == (0, 0)  # already there
+
+    # A base that differs in one setting: neither its run nor its reference is this study's.
+    twin.write_text(base.read_text().replace("rounds: 1", "rounds: 2"))
+    assert rp.reuse_runs(other, tmp_path / "changed", runs) == (0, 0)
+    # A reference's digest follows what it is trained from: its learning rates.
+    assert rp.reference_digest(other.model_copy(update={"regime": Regime(lrs=[0.4])}), 0) != rp.reference_digest(
+        other, 0
+    )
 
 
 def test_a_grid_point_the_config_refuses_is_named_before_anything_runs(made_run, tmp_path):

@@ -26,6 +26,12 @@ def study(
     regime_only: bool = typer.Option(
         False, "--regime-only", help="only the Local and FedAvg rows: check the regime before the table"
     ),
+    reuse: list[Path] = typer.Option(
+        [],
+        "--reuse",
+        help="another study's run folders: copy the runs whose config is exactly one this study asks for, "
+        "and central references trained the same way (repeatable)",
+    ),
     revision: str | None = typer.Option(
         None, "--revision", help="which revision of the study (default: the latest; first: the study as first written)"
     ),
@@ -56,6 +62,7 @@ def study(
             report_only=report_only,
             only_regime=regime_only,
             notify=notice,
+            reuse=tuple(reuse),
         )
         if out_path is not None:
             write(done, out_path)

@@ -20,11 +20,14 @@ a study can be run again at will. A run folder whose config is not what the stud
 grid, override or base config changed since it ran) is refused with the first difference, rather than
 reused under its old name. A revision first copies the finished runs of the earlier revisions that it
 asks for unchanged (same row, grid point, seed and config), and their central references when it
-trains the reference in the same way.
+trains the reference in the same way. ``--reuse DIR`` does the same from another study's run folders:
+a run is copied when its config is exactly the one this study asks for, a central reference when it
+records the same reference settings (the digest of its config, learning rates and regime options).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import sys
@@ -155,6 +158,15 @@ def reference_settings(study: Study) -> tuple:
     return study.base, study.reference_lrs(), study.regime.model_dump(exclude={"lrs"})
 
 
+def reference_digest(study: Study, seed: int) -> str:
+    """What one seed's central reference depends on, by content rather than file name: its config, its
+    learning rates and the regime options. Two studies whose digests agree may share the reference."""
+    cfg = load_config(study.base, [*study.regime.overrides, f"seed={seed}"]).model_dump(mode="json")
+    cfg.pop("name", None)
+    what = [cfg, study.reference_lrs(), study.regime.model_dump(mode="json", exclude={"lrs"})]
+    return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
+
+
 def regime(study: Study, runs: Path, report_only: bool = False) -> dict[int, dict[str, Any]]:
     """The central reference of every seed, computed once (RUNS/regime-seedN.json) and then read. One
     stored without validation accuracies is computed again unless ``report_only`` (the old file is kept
@@ -180,7 +192,8 @@ def regime(study: Study, runs: Path, report_only: bool = False) -> dict[int, dic
             )
             runs.mkdir(parents=True, exist_ok=True)
             commit, dirty = source_commit()
-            file.write_text(json.dumps({**ref.to_json(), "commit": commit, "dirty": dirty}))
+            settings = reference_digest(study, seed)
+            file.write_text(json.dumps({**ref.to_json(), "settings": settings, "commit": commit, "dirty": dirty}))
         out[seed] = json.loads(file.read_text())
     return out
 
@@ -208,6 +221,33 @@ def share_runs(study: Study, runs: Path, old_study: Study, old_runs: Path) -> in
                 runs.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(ref, runs / ref.name)
     return copied
+
+
+def reuse_runs(study: Study, runs: Path, other: Path) -> tuple[int, int]:
+    """Copy into ``runs`` what another study's run folders (``other``) already hold of this one: each
+    finished run whose key is one this study asks for and whose config is exactly the one it would get
+    (the staleness check), and each central reference whose recorded settings digest is this study's.
+    Returns (runs copied, references copied); each copy keeps its provenance (command, commit)."""
+    copied = 0
+    for method in study.methods:
+        for gi, point in enumerate(method.points()):
+            for seed in study.seeds:
+                key = run_key(method.label, gi, seed)
+                src = run_folder(other, key)
+                if run_folder(runs, key) is not None or not finished(src):
+                    continue
+                if stale(src, study, key, run_overrides(method, point, seed)) is None:
+                    shutil.copytree(other / key, runs / key, symlinks=True)
+                    copied += 1
+    references = 0
+    for seed in study.seeds:
+        src, dest = other / f"regime-seed{seed}.json", runs / f"regime-seed{seed}.json"
+        if src.exists() and not dest.exists():
+            if json.loads(src.read_text()).get("settings") == reference_digest(study, seed):
+                runs.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(src, dest)
+                references += 1
+    return copied, references
 
 
 # --- scores ------------------------------------------------------------------------------------
@@ -302,6 +342,7 @@ def conduct(
     report_only: bool = False,
     only_regime: bool = False,
     notify: Notify = _stderr,
+    reuse: tuple[Path, ...] = (),
 ) -> Conducted:
     """Tune, run the seeds and compute the references of one revision (``report_only``: read what exists).
 
@@ -321,6 +362,11 @@ def conduct(
                 n = share_runs(study, folder, earlier, old)
                 if n:
                     notify(f"{n} finished runs copied from {old}")
+        for other in reuse:
+            if not other.is_dir():
+                raise ConfigError(f"--reuse {other}: no such folder")
+            n, refs = reuse_runs(study, folder, other)
+            notify(f"--reuse {other}: {n} finished runs and {refs} central references copied")
     if report_only:
         chosen = choose(study, folder)
     else:
