@@ -248,9 +248,12 @@ def confirmation_table(families: list[Family], verdicts: str) -> list[str]:
         confirms = [s for f in owners for s in f.studies if s.is_confirmation]
         if not confirms:
             explored = sorted({seed for s in records for seed in s.seed_list()})
-            lines.append(
-                f"| {paper_table} | {seeds_text(explored)} | none yet | - | not confirmed (exploration: {verdict}) |"
-            )
+            if verdict.startswith("provisional"):  # no regime-kept setting was found to confirm
+                why = "none: the regime is not kept on the exploration seeds, so no setting is there to confirm"
+                lines.append(f"| {paper_table} | {seeds_text(explored)} | {why} | - | provisional only |")
+            else:
+                pending = f"not confirmed (exploration: {verdict})"
+                lines.append(f"| {paper_table} | {seeds_text(explored)} | none yet | - | {pending} |")
             continue
         for c in confirms:
             regime = c.regime() + (" (read test)" if c.regime_read_test() else "")

@@ -105,6 +105,11 @@ def test_the_confirmation_table_gives_seeds_regime_and_claim_verdicts_per_paper_
     docs = toy_docs(tmp_path, "fedmerge_toy", "evidence")
     readme = index.outputs(docs)[docs / "README.md"]
     assert "| FedMerge Table 9 | 0-2 | none yet | - | not confirmed (exploration: evidence) |" in readme
+    weak = index.outputs(toy_docs(tmp_path, "fedmerge_toy", "provisional"))[docs / "README.md"]
+    assert (
+        "| FedMerge Table 9 | 0-2 | none: the regime is not kept on the exploration seeds, so no setting is there "
+        "to confirm | - | provisional only |"
+    ) in weak
     family = docs / "fedmerge" / "toy"
     write_study(family, "fedmerge_toy_confirm", [True, True, False, True, True])
     data = json.loads((family / "fedmerge_toy_confirm.json").read_text())
