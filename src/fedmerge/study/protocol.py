@@ -198,36 +198,10 @@ def regime(study: Study, runs: Path, report_only: bool = False) -> dict[int, dic
     return out
 
 
-def share_runs(study: Study, runs: Path, old_study: Study, old_runs: Path) -> int:
-    """Copy into ``runs`` the finished runs of an earlier revision (in ``old_runs``) that are exactly runs
-    this one asks for: same row, grid point and seed, and a config that passes the staleness check. Its
-    central references come too when the reference is trained in the same way. Returns the number of
-    run folders copied; each keeps its own provenance (command, commit)."""
-    copied = 0
-    for method in study.methods:
-        for gi, point in enumerate(method.points()):
-            for seed in study.seeds:
-                key = run_key(method.label, gi, seed)
-                src = run_folder(old_runs, key)
-                if run_folder(runs, key) is not None or not finished(src):
-                    continue
-                if stale(src, study, key, run_overrides(method, point, seed)) is None:
-                    shutil.copytree(old_runs / key, runs / key, symlinks=True)
-                    copied += 1
-    if reference_settings(study) == reference_settings(old_study):
-        for seed in study.seeds:
-            ref = old_runs / f"regime-seed{seed}.json"
-            if ref.exists() and not (runs / ref.name).exists():
-                runs.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(ref, runs / ref.name)
-    return copied
-
-
-def reuse_runs(study: Study, runs: Path, other: Path) -> tuple[int, int]:
-    """Copy into ``runs`` what another study's run folders (``other``) already hold of this one: each
-    finished run whose key is one this study asks for and whose config is exactly the one it would get
-    (the staleness check), and each central reference whose recorded settings digest is this study's.
-    Returns (runs copied, references copied); each copy keeps its provenance (command, commit)."""
+def copy_matching_runs(study: Study, runs: Path, other: Path) -> int:
+    """Copy into ``runs`` each finished run in ``other`` that is exactly a run this study asks for: same
+    row, grid point and seed, and a config that passes the staleness check. Returns how many were
+    copied; each keeps its own provenance (command, commit)."""
     copied = 0
     for method in study.methods:
         for gi, point in enumerate(method.points()):
@@ -239,6 +213,28 @@ def reuse_runs(study: Study, runs: Path, other: Path) -> tuple[int, int]:
                 if stale(src, study, key, run_overrides(method, point, seed)) is None:
                     shutil.copytree(other / key, runs / key, symlinks=True)
                     copied += 1
+    return copied
+
+
+def share_runs(study: Study, runs: Path, old_study: Study, old_runs: Path) -> int:
+    """Copy into ``runs`` the finished runs of an earlier revision (in ``old_runs``) that are exactly runs
+    this one asks for, and its central references when the reference is trained in the same way. Returns
+    the number of run folders copied."""
+    copied = copy_matching_runs(study, runs, old_runs)
+    if reference_settings(study) == reference_settings(old_study):
+        for seed in study.seeds:
+            ref = old_runs / f"regime-seed{seed}.json"
+            if ref.exists() and not (runs / ref.name).exists():
+                runs.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(ref, runs / ref.name)
+    return copied
+
+
+def reuse_runs(study: Study, runs: Path, other: Path) -> tuple[int, int]:
+    """Copy into ``runs`` what another study's run folders (``other``) already hold of this one: its
+    matching runs (:func:`copy_matching_runs`) and each central reference whose recorded settings digest
+    is this study's. Returns (runs copied, references copied)."""
+    copied = copy_matching_runs(study, runs, other)
     references = 0
     for seed in study.seeds:
         src, dest = other / f"regime-seed{seed}.json", runs / f"regime-seed{seed}.json"
