@@ -305,7 +305,10 @@ def test_a_stored_reference_without_validation_is_computed_again_unless_report_o
     (runs / "regime-seed0.json").write_text(old)
     study = two_row_study([0])
     assert protocol.regime(study, runs, report_only=True)[0] == json.loads(old) and calls == []  # read as it is
-    assert protocol.regime(study, runs)[0]["val_mean"] == pytest.approx(0.8) and calls == [0]
+    notices = []
+    assert protocol.regime(study, runs, notify=notices.append)[0]["val_mean"] == pytest.approx(0.8) and calls == [0]
+    assert notices[0].startswith("1 central references to compute (") and len(notices) == 2
+    assert notices[1].startswith("[1/1] central reference, seed 0: done")  # minutes each: progress is shown
     assert (runs / "regime-seed0.test-only.json").read_text() == old  # nothing lost
-    protocol.regime(study, runs)
-    assert calls == [0]  # a reference with validation accuracies is read, not computed again
+    protocol.regime(study, runs, notify=notices.append)
+    assert calls == [0] and len(notices) == 2  # a reference with validation accuracies is read, not computed again

@@ -167,7 +167,7 @@ def reference_digest(study: Study, seed: int) -> str:
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def regime(study: Study, runs: Path, report_only: bool = False) -> dict[int, dict[str, Any]]:
+def regime(study: Study, runs: Path, report_only: bool = False, notify: Notify = _stderr) -> dict[int, dict[str, Any]]:
     """The central reference of every seed, computed once (RUNS/regime-seedN.json) and then read. One
     stored without validation accuracies is computed again unless ``report_only`` (the old file is kept
     next to it as ``regime-seedN.test-only.json``)."""
@@ -177,6 +177,14 @@ def regime(study: Study, runs: Path, report_only: bool = False) -> dict[int, dic
         file = runs / f"regime-seed{seed}.json"
         if file.exists() and not report_only and reference_split(json.loads(file.read_text())) == TEST:
             file.replace(file.with_name(f"regime-seed{seed}.test-only.json"))
+    todo = [seed for seed in study.seeds if not (runs / f"regime-seed{seed}.json").exists()]
+    if todo:  # one model per unit and lr, trained in this process: minutes per seed with nothing else to show
+        lrs = study.reference_lrs()
+        tried = f"lr {', '.join(map(str, lrs))}" if lrs else "the base's lr"
+        notify(f"{len(todo)} central references to compute ({tried}, up to {opts.max_epochs} epochs each)")
+    t0 = time.time()
+    for seed in study.seeds:
+        file = runs / f"regime-seed{seed}.json"
         if not file.exists():
             cfg = load_config(study.base, [*opts.overrides, f"seed={seed}"])
             device = resolve_device(cfg.device)  # where the runs train (a paper study's GPU), refused now if absent
@@ -194,6 +202,9 @@ def regime(study: Study, runs: Path, report_only: bool = False) -> dict[int, dic
             commit, dirty = source_commit()
             settings = reference_digest(study, seed)
             file.write_text(json.dumps({**ref.to_json(), "settings": settings, "commit": commit, "dirty": dirty}))
+            i = todo.index(seed) + 1
+            eta = (time.time() - t0) / i * (len(todo) - i)
+            notify(f"[{i}/{len(todo)}] central reference, seed {seed}: done  (eta {eta / 60:.0f} min)")
         out[seed] = json.loads(file.read_text())
     return out
 
@@ -368,4 +379,4 @@ def conduct(
     else:
         chosen = tune(study, folder, jobs, notify)
         run_seeds(study, folder, chosen, jobs, notify)
-    return Conducted(study, history, folder, chosen, regime(study, folder, report_only))
+    return Conducted(study, history, folder, chosen, regime(study, folder, report_only, notify))
