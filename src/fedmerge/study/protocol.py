@@ -85,6 +85,12 @@ def stale(folder: Path, study: Study, key: str, overrides: list[str]) -> str | N
 # --- running -----------------------------------------------------------------------------------
 
 
+def progress_line(i: int, n: int, t0: float, what: str) -> str:
+    """ "[i/n] what  (eta M min)", the eta from the mean time of the ``i`` items done since ``t0``."""
+    eta = (time.time() - t0) / i * (n - i)
+    return f"[{i}/{n}] {what}  (eta {eta / 60:.0f} min)"
+
+
 def run_all(
     jobs: list[tuple[str, list[str]]], study: Study, runs: Path, workers: int, notify: Notify = _stderr
 ) -> list[Outcome]:
@@ -115,9 +121,8 @@ def run_all(
     def report(outcomes: list[Outcome]) -> None:
         nonlocal shown
         for i, o in enumerate(outcomes[shown:], shown + 1):
-            eta = (time.time() - t0) / i * (len(todo) - i)
             what = "ok" if o.status == DONE else f"{o.status.upper()}: {o.error}"
-            notify(f"[{i}/{len(todo)}] {o.key}: {what}  (eta {eta / 60:.0f} min)")
+            notify(progress_line(i, len(todo), t0, f"{o.key}: {what}"))
         shown = len(outcomes)
 
     return Launcher(workers, status_file=runs / STATUS_FILE).run(todo, report)
@@ -202,9 +207,7 @@ def regime(study: Study, runs: Path, report_only: bool = False, notify: Notify =
             commit, dirty = source_commit()
             settings = reference_digest(study, seed)
             file.write_text(json.dumps({**ref.to_json(), "settings": settings, "commit": commit, "dirty": dirty}))
-            i = todo.index(seed) + 1
-            eta = (time.time() - t0) / i * (len(todo) - i)
-            notify(f"[{i}/{len(todo)}] central reference, seed {seed}: done  (eta {eta / 60:.0f} min)")
+            notify(progress_line(todo.index(seed) + 1, len(todo), t0, f"central reference, seed {seed}: done"))
         out[seed] = json.loads(file.read_text())
     return out
 
