@@ -143,3 +143,46 @@ def test_real_superlink_and_three_supernodes_aggregate_securely(tmp_path, deploy
     assert secure.keys() == reference.keys()
     for k, v in reference.items():
         torch.testing.assert_close(secure[k], v, rtol=0, atol=1e-5)
+
+
+class RecordingFakeGrid:
+    """A simulation's fake Grid (each message to its node's ClientApp in this process) that keeps every reply;
+    each node gets its own copy of a message, as SecAgg+'s mod needs."""
+
+    def __init__(self, num_nodes: int):
+        from test_flower_engine import FakeGrid
+
+        self.inner = FakeGrid(num_nodes)
+        self.received: list = []
+
+    def get_node_ids(self):
+        return self.inner.get_node_ids()
+
+    def send_and_receive(self, messages, *, timeout=None):
+        replies = self.inner.send_and_receive([copy.deepcopy(m) for m in messages], timeout=timeout)
+        self.received += replies
+        return replies
+
+
+def test_a_secure_simulation_sends_no_client_state_to_the_server_and_refuses_to_resume(tmp_path, task_identity):
+    """Ditto keeps a personal model in its state; in a Flower simulation under SecAgg+ no reply (training or
+    evaluation: a client not trained yet makes its state there) carries a client state, only its shapes."""
+    from helpers import run
+
+    from fedmerge.config.schema import ConfigError
+    from fedmerge.engines.flower.protocol import STATE
+    from fedmerge.engines.flower.records import has_record
+
+    overrides = ["partition.num_clients=3", "participation=0.67", "algorithm.name=ditto", "rounds=2", "engine=flower",
+                 *SECURE]  # fmt: skip
+    grid = RecordingFakeGrid(3)
+    result = run(quick_config(*overrides), tmp_path / "r", grid=grid)
+    assert len(grid.received) > 3 * 4
+    for reply in grid.received:
+        assert not reply.has_error()
+        assert not has_record(reply.content, STATE)
+        for record in [*reply.content.metric_records.values(), *reply.content.config_records.values()]:
+            assert not any(isinstance(v, bytes) and len(v) > 64 for v in record.values())  # no serialized state
+    assert "comm_up" in RunStore(result.run_dir).read_metrics()[-1]
+    with pytest.raises(ConfigError, match="cannot resume"):
+        run(quick_config(*overrides), tmp_path / "r", resume=True, grid=RecordingFakeGrid(3))

@@ -19,10 +19,18 @@ from torch import nn
 from torch.nn import functional as F
 
 from fedmerge.algorithms import ALGORITHMS
-from fedmerge.algorithms.privacy import PrivacySettings, PrivateAlgorithm, adaptive_noise_multiplier
+from fedmerge.algorithms.privacy import PUBLIC_META, PrivacySettings, PrivateAlgorithm, adaptive_noise_multiplier
 from fedmerge.config.schema import ConfigError, load_config, to_yaml
 from fedmerge.core.algorithm import ClientContext
-from fedmerge.core.privacy import Ledger, PrivateGradients, clip_to_norm, flat_norm, noise_for_epsilon
+from fedmerge.core.privacy import (
+    Ledger,
+    NoiseSource,
+    PrivateGradients,
+    clip_to_norm,
+    flat_norm,
+    new_secret,
+    noise_for_epsilon,
+)
 from fedmerge.core.training import LocalTraining, local_sgd
 from fedmerge.core.types import ClientState, ServerState, Update
 from fedmerge.run.results import RunStore
@@ -33,6 +41,12 @@ DP_SGD = ["privacy.dp_sgd.noise_multiplier=1.0", "privacy.dp_sgd.clip=0.5"]
 CENTRAL = ["privacy.central.noise_multiplier=0.3", "privacy.central.clip=1.0"]
 ADAPTIVE = [*CENTRAL, "privacy.central.adaptive=true", "privacy.central.clip_count_stddev=1.0"]
 SMALL = ["rounds=3", "partition.num_clients=4", "participation=0.5"]
+REPRODUCIBLE = ["privacy.reproducible_noise=true"]  # noise from the seed: bit-identical runs, not private
+
+
+def _noise(seed: int = 0) -> NoiseSource:
+    return NoiseSource(new_secret(), seed, 0, "test")
+
 
 DP_SGD_METHODS = {"fedavg", "fedprox", "fedavg_ft", "ditto", "fedper", "lg_fedavg", "fedrep", "fedmerge", "scaffold"}
 DP_SGD_METHODS |= {"local"}
@@ -99,7 +113,7 @@ def test_private_gradient_is_the_mean_of_per_sample_gradients_clipped_to_the_bou
     for gs in clipped:  # every clipped per-sample gradient is within the bound
         assert float(torch.sqrt(sum((g**2).sum() for g in gs))) <= clip
     expected = [sum(gs[j] for gs in clipped) / len(y) for j in range(len(by_hand[0]))]
-    mech = PrivateGradients(clip, 0.0, torch.Generator().manual_seed(0))
+    mech = PrivateGradients(clip, 0.0, _noise())
     params = list(model.named_parameters())
     _, loss = mech.gradients(model, params, x, y)
     for (_, p), e in zip(params, expected):
@@ -113,10 +127,10 @@ def test_private_gradient_noise_has_the_configured_standard_deviation():
     model = nn.Linear(200, 50)  # 10,050 noised values: the measured std is within ~1% of the true one
     x, y = torch.randn(8, 200), torch.randint(0, 50, (8,))
     params = list(model.named_parameters())
-    clean = PrivateGradients(0.7, 0.0, torch.Generator().manual_seed(0))
+    clean = PrivateGradients(0.7, 0.0, _noise())
     clean.gradients(model, params, x, y)
     base = [p.grad.clone() for _, p in params]
-    noisy = PrivateGradients(0.7, 1.3, torch.Generator().manual_seed(5))
+    noisy = PrivateGradients(0.7, 1.3, _noise())
     noisy.gradients(model, params, x, y)
     noise = torch.cat([((p.grad - b) * 8).flatten() for (_, p), b in zip(params, base)])  # un-divide the batch
     assert float(noise.std()) == pytest.approx(1.3 * 0.7, rel=0.03)
@@ -125,9 +139,10 @@ def test_private_gradient_noise_has_the_configured_standard_deviation():
 
 @pytest.mark.parametrize("prox", [0.0, 0.5])
 def test_dp_sgd_without_noise_or_clipping_is_plain_sgd(prox):
-    """The per-sample path reduces to the batch gradient: noise 0 and a bound no sample reaches; a loss
-    term (FedProx's pull to the start) keeps its own gradient."""
-    cfg = LocalTraining(lr=0.1, batch_size=4, local_epochs=2)
+    """The per-sample path reduces to the batch gradient: noise 0, a bound no sample reaches and a batch
+    size of at least n (Poisson rate 1: every sample in every step, divided by n); a loss term (FedProx's
+    pull to the start) keeps its own gradient."""
+    cfg = LocalTraining(lr=0.1, batch_size=10, local_epochs=6)
     x, y = torch.randn(10, 5, dtype=torch.float64), torch.randint(0, 3, (10,))
     plain, private = _mlp(), _mlp()
     start = {k: v.detach().clone() for k, v in plain.named_parameters()}
@@ -138,18 +153,18 @@ def test_dp_sgd_without_noise_or_clipping_is_plain_sgd(prox):
         return lambda step: 0.5 * prox * sum(((p - start[k]) ** 2).sum() for k, p in model.named_parameters())
 
     local_sgd(plain, x, y, cfg, torch.Generator().manual_seed(3), extra_loss=pull(plain))
-    mech = PrivateGradients(1e9, 0.0, torch.Generator().manual_seed(0))
+    mech = PrivateGradients(1e9, 0.0, _noise())
     stats = local_sgd(private, x, y, cfg, torch.Generator().manual_seed(3), extra_loss=pull(private), private=mech)
     for a, b in zip(plain.parameters(), private.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
-    assert mech.steps == stats.steps == 6  # 3 batches (4, 4, 2) per epoch
+    assert mech.steps == stats.steps == 6 and mech.batch_sizes == [10] * 6  # one full batch per epoch
 
 
 def test_dp_sgd_refuses_a_custom_forward():
     with pytest.raises(ValueError, match="cross-entropy loss only"):
         local_sgd(
             _mlp(), torch.randn(4, 5), torch.zeros(4, dtype=torch.long), LocalTraining(),
-            torch.Generator(), forward=lambda x: x, private=PrivateGradients(1.0, 1.0, torch.Generator()),
+            torch.Generator(), forward=lambda x: x, private=PrivateGradients(1.0, 1.0, _noise()),
         )  # fmt: skip
 
 
@@ -163,11 +178,11 @@ def test_clip_to_norm_bounds_the_norm_and_keeps_small_updates():
     assert torch.equal(small["a"], torch.ones(2))
 
 
-def _fedavg(settings: dict, num_clients: int = 4, per_round: int = 4) -> PrivateAlgorithm:
+def _fedavg(settings: dict, num_clients: int = 4, participation: float = 1.0) -> PrivateAlgorithm:
     from fedmerge.algorithms.fedavg import FedAvgConfig
 
     inner = ALGORITHMS.get("fedavg").obj(FedAvgConfig(), lambda g: nn.Linear(300, 40), num_clients, 0)
-    return PrivateAlgorithm(inner, PrivacySettings.model_validate(settings), rounds=5, per_round=per_round)
+    return PrivateAlgorithm(inner, PrivacySettings.model_validate(settings), rounds=5, participation=participation)
 
 
 def _updates(state: ServerState, scales: list[float]) -> dict[int, Update]:
@@ -196,17 +211,20 @@ def test_central_aggregate_is_the_uniform_mean_of_clipped_changes():
     assert report["clip"] == 1.5 and report["noise_std"] == 0.0
 
 
-def test_central_noise_has_the_configured_standard_deviation_and_is_seeded():
+def test_central_noise_has_the_configured_standard_deviation_and_follows_the_servers_secret():
     clean, noisy = _fedavg({"central": {"noise_multiplier": 0.0}}), _fedavg({"central": {"noise_multiplier": 2.0}})
-    state = clean.init_server_state()
+    state = noisy.init_server_state()
     updates = _updates(state, [0.1, 0.1, 0.1, 0.1])
     a, b = clean.aggregate(state, 3, updates), noisy.aggregate(state, 3, updates)
     noise = torch.cat([(b.tensors[k] - a.tensors[k]).flatten() for k in state.tensors])
     assert float(noise.std()) == pytest.approx(2.0 * 1.0 / 4, rel=0.03)  # sigma * clip / clients
-    again = noisy.aggregate(state, 3, updates)
+    again = noisy.aggregate(state, 3, updates)  # the same state (a resumed server): the same draw
     assert all(torch.equal(again.tensors[k], b.tensors[k]) for k in state.tensors)
     other = noisy.aggregate(state, 4, updates)  # another round: another draw
     assert not torch.equal(other.tensors["weight"], b.tensors["weight"])
+    fresh = noisy.init_server_state()  # another run with the same seed: another secret, another draw
+    assert fresh.meta["privacy_secret"] != state.meta["privacy_secret"]
+    assert not torch.equal(noisy.aggregate(fresh, 3, updates).tensors["weight"], b.tensors["weight"])
 
 
 def test_adaptive_clip_moves_geometrically_towards_the_target_quantile():
@@ -279,7 +297,7 @@ def test_every_step_of_a_dp_sgd_method_is_privatised_and_counted(name):
     factory = lambda g: build_model(model_cfg, (64,), 10, generator=g)  # noqa: E731
     inner = ALGORITHMS.get(name).obj(cfg, factory, 2, 0)
     settings = PrivacySettings.model_validate({"dp_sgd": {"noise_multiplier": 1.0}})
-    alg = PrivateAlgorithm(inner, settings, rounds=2, per_round=2)
+    alg = PrivateAlgorithm(inner, settings, rounds=2, participation=1.0)
     state = alg.init_server_state()
     gen = torch.Generator().manual_seed(0)
     x, y = torch.rand(9, 64, generator=gen), torch.randint(0, 10, (9,), generator=gen)
@@ -289,7 +307,7 @@ def test_every_step_of_a_dp_sgd_method_is_privatised_and_counted(name):
     for rnd in (1, 2):
         ctx = ClientContext(model, torch.device("cpu"), 0, rnd, 0)
         update, client = alg.client_update(alg.configure(state, rnd, [0])[0], data, client, ctx)
-        assert "train_loss" not in update.meta  # a loss on the raw data is not sent
+        assert set(update.meta) <= {*PUBLIC_META, "privacy"}  # no loss or statistic of the raw data is sent
     history = client.meta["privacy"]["dp_sgd"]
     assert history[0][:2] == [1.0, 4 / 9]
     assert history[0][2] == update.meta["privacy"]["steps"] == 2 * update.meta.get("steps", 4)
@@ -336,7 +354,7 @@ def test_privacy_off_leaves_config_and_numbers_as_without_the_section(tmp_path):
 
 
 def test_dp_run_logs_each_clients_epsilon_and_the_summary_holds_them(tmp_path):
-    result = run(quick_config(*SMALL, *DP_SGD, *ADAPTIVE), tmp_path / "r")
+    result = run(quick_config(*SMALL, *DP_SGD), tmp_path / "r")
     rows = RunStore(result.run_dir).read_metrics()
     spent: dict[str, float] = {}
     for row in rows:
@@ -345,17 +363,34 @@ def test_dp_run_logs_each_clients_epsilon_and_the_summary_holds_them(tmp_path):
         for cid, eps in figures["dp_sgd"]["epsilon"].items():
             assert eps > spent.get(cid, 0.0)  # each round a client takes part spends more
             spent[cid] = eps
+        assert figures["dp_sgd"]["epsilon_max"] == max(spent.values())
+    summary = result.summary["privacy"]
+    assert summary["private"] is True and "not_private" not in summary
+    assert summary["dp_sgd"]["epsilon"] == spent and summary["dp_sgd"]["epsilon_max"] == max(spent.values())
+    assert json.loads((result.run_dir / "summary.json").read_text())["privacy"] == summary
+    assert "DP-SGD: epsilon" in (result.run_dir / "summary.md").read_text()
+
+
+def test_central_dp_run_samples_in_secret_and_publishes_only_how_many_took_part(tmp_path):
+    result = run(quick_config(*SMALL, *DP_SGD, *ADAPTIVE), tmp_path / "r")
+    rows = RunStore(result.run_dir).read_metrics()
+    for row in rows:
+        assert "selected" not in row and "comm_clients" not in row and isinstance(row["participants"], int)
+        figures = row["server"]["privacy"]
+        assert "epsilon" not in figures["dp_sgd"]  # per-client epsilons would name the round's clients
         assert figures["central"]["round"] == row["round"] and figures["central"]["epsilon"] > 0
     summary = result.summary["privacy"]
-    assert summary["dp_sgd"]["epsilon"] == spent and summary["dp_sgd"]["epsilon_max"] == max(spent.values())
     assert summary["central"]["rounds"] == 3 and summary["central"]["client_rate"] == 0.5
     central = Ledger([[0.3, 0.5, 3]]).epsilon(1e-5)
     assert summary["central"]["epsilon"] == central == rows[-1]["server"]["privacy"]["central"]["epsilon"]
-    assert json.loads((result.run_dir / "summary.json").read_text())["privacy"] == summary
+    prv = summary["central"]["epsilon_prv"]
+    assert prv is None or 0 < prv <= central * 1.05  # PRV: an estimate beside the RDP bound, not above it
+    with pytest.raises(ConfigError, match="not with eval_clients=participants"):
+        run(quick_config(*SMALL, *CENTRAL, "eval_clients=participants"), tmp_path / "p")
 
 
-def test_dp_run_is_bit_identical_on_two_workers_and_after_resume(tmp_path):
-    overrides = [*SMALL, *DP_SGD, *ADAPTIVE, "algorithm.name=ditto"]
+def test_reproducible_noise_is_bit_identical_on_two_workers_and_after_resume_and_says_not_private(tmp_path):
+    overrides = [*SMALL, *DP_SGD, *ADAPTIVE, *REPRODUCIBLE, "algorithm.name=ditto"]
     one = run(quick_config(*overrides, "workers=1"), tmp_path / "one")
     two = run(quick_config(*overrides, "workers=2"), tmp_path / "two")
     assert_runs_identical(one.run_dir, two.run_dir)
@@ -363,13 +398,37 @@ def test_dp_run_is_bit_identical_on_two_workers_and_after_resume(tmp_path):
     resumed = run(quick_config(*overrides), tmp_path / "resumed", resume=True)
     assert_runs_identical(one.run_dir, resumed.run_dir)
     assert resumed.summary["privacy"] == one.summary["privacy"]
+    assert one.summary["privacy"]["private"] is False
+    assert "NOT private" in (one.run_dir / "summary.md").read_text()
+    assert "NOT private" in RunStore(one.run_dir).read_metrics()[0]["server"]["privacy"]["not_private"]
+
+
+def _final_weights(run_dir) -> dict[str, torch.Tensor]:
+    from fedmerge.core.checkpoint import load_checkpoint
+
+    return load_checkpoint(run_dir / "checkpoints").server_state.tensors
+
+
+@pytest.mark.parametrize("mechanism", [DP_SGD, CENTRAL], ids=["dp_sgd", "central"])
+def test_private_noise_differs_between_two_runs_of_one_command_and_a_resume_keeps_its_secrets(tmp_path, mechanism):
+    import shutil
+
+    overrides = [*SMALL, *mechanism, "participation=1.0"]
+    a, b = run(quick_config(*overrides), tmp_path / "a"), run(quick_config(*overrides), tmp_path / "b")
+    wa, wb = _final_weights(a.run_dir), _final_weights(b.run_dir)
+    assert not all(torch.equal(wa[k], wb[k]) for k in wa)  # the same seed, other secrets: other noise
+    run(quick_config(*overrides), tmp_path / "c", stop_after=1)
+    shutil.copytree(tmp_path / "c", tmp_path / "d")
+    c = run(quick_config(*overrides), tmp_path / "c", resume=True)
+    d = run(quick_config(*overrides), tmp_path / "d", resume=True)
+    assert_runs_identical(c.run_dir, d.run_dir)  # both continue from the secrets their checkpoint holds
 
 
 def test_dp_run_through_the_flower_protocol_matches_the_local_engine(tmp_path, task_identity):
     pytest.importorskip("flwr", reason="Flower absent: pip install -e '.[flower]'")
     from test_flower_engine import FakeGrid
 
-    overrides = [*SMALL, *DP_SGD, *CENTRAL, "privacy.central.clip_on_client=true"]
+    overrides = [*SMALL, *DP_SGD, *CENTRAL, *REPRODUCIBLE, "privacy.central.clip_on_client=true"]
     flower = run(quick_config(*overrides, "engine=flower"), tmp_path / "flower", grid=FakeGrid(4))
     local = run(quick_config(*overrides), tmp_path / "local")
     assert_runs_identical(local.run_dir, flower.run_dir)

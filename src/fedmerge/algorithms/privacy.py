@@ -3,17 +3,23 @@
 :class:`PrivateAlgorithm` wraps a method and adds, without changing it:
 
 - ``dp_sgd`` (sample-level DP on each client): the client's local training runs DP-SGD
-  (:class:`~fedmerge.core.privacy.PrivateGradients` through ``ctx.private``); the client keeps its own RDP
-  ledger in its state (``meta["privacy"]``), reports its epsilon with its update, and leaves its training
-  losses out of the update (they are not privatised).
-- ``central`` (user-level DP on the server): each update's change to the server's tensors is clipped to a
-  norm (fixed, or adapted towards a quantile of the norms as in Andrew et al. 2021), the clipped changes are
-  averaged uniformly, and Gaussian noise is added to the mean; the server's RDP ledger (in its state's meta)
-  composes the rounds with the clients' sampling rate. ``clip_on_client``: each client clips its own change
-  before sending it (as Flower's client-side DP mod); the server still clips (a no-op for honest clients).
+  (:class:`~fedmerge.core.privacy.PrivateGradients` through ``ctx.private``) on Poisson batches; the client
+  keeps its own RDP ledger in its state (``meta["privacy"]``) and reports its epsilon with its update.
+- ``central`` (user-level DP on the server): clients take part by Poisson sampling at rate ``participation``
+  (drawn from the server's secret), each update's change to the server's tensors is clipped to a norm (fixed,
+  or adapted towards a quantile of the norms as in Andrew et al. 2021), the clipped changes are summed, divided
+  by the *expected* number of clients ``participation * N``, and Gaussian noise is added; the server's RDP
+  ledger (in its state's meta) composes the rounds. ``clip_on_client``: each client clips its own change before
+  sending it (as Flower's client-side DP mod); the server still clips (a no-op for honest clients).
 
-The noise is drawn from generators seeded by (seed, round, client, purpose), so a private run gives the
-same numbers on every engine, with any number of workers, and after a resume.
+Under either mechanism an update carries no metadata computed on raw data (:data:`PUBLIC_META` only).
+
+The noise (and the private samples) come from a secret that only the party adding the noise holds: each
+client's in its own state (on a deployed node, its own disk), the server's in the server state. Both are
+drawn from the operating system's random source, so the same command twice gives different noise, and a
+resumed run continues from the secrets in its checkpointed states. ``reproducible_noise: true`` derives them
+from the seed instead (the same numbers on every engine and worker count, for tests and studies); such a
+run is not private, and its summary and reports say so.
 """
 
 from __future__ import annotations
@@ -41,21 +47,29 @@ from fedmerge.core.algorithm import (
 from fedmerge.core.privacy import (
     INSTALL_HINT,
     Ledger,
+    NoiseSource,
     PrivateGradients,
     clip_to_norm,
-    gaussian_noise,
+    new_secret,
     noise_for_epsilon,
     opacus_available,
+    reproducible_secret,
+    sample_rate,
 )
 from fedmerge.core.secure_sum import SummedUpdates
-from fedmerge.core.seeding import NO_CLIENT, torch_generator
-from fedmerge.core.training import batch_slices
+from fedmerge.core.seeding import NO_CLIENT
+from fedmerge.core.training import planned_steps
 from fedmerge.core.types import ClientState, Payload, ServerState, Update
 
 KEY = "privacy"  # the meta key of the ledgers (client and server states), the report and the update
 CLIP_KEY = "privacy_clip"  # payload meta: the clipping bound (clip_on_client)
 BIT_KEY = "privacy_clip_bit"  # update meta: whether the client's change was within the bound (clip_on_client)
-UNPRIVATISED_META = ("train_loss", "loss_received", "loss_trained")  # losses on the raw training data
+SECRET_KEY = "privacy_secret"  # state meta: the noise secret (a client's own state; the server state)
+# the update metadata that may leave a client under DP: counts that do not read its data's values (the sample
+# count is not covered by the guarantee, and says so in the docs); everything else (training losses, local-global
+# gap losses, APFL's alpha, ...) is computed on raw data and is dropped
+PUBLIC_META = ("num_examples", "steps", "body_steps", "head_steps")
+NOT_PRIVATE = "NOT private: privacy.reproducible_noise derives the noise from the seed, which anyone can read"
 
 
 class _Noise(BaseModel):
@@ -114,7 +128,12 @@ class SecureAggregationSettings(BaseModel):
         description="neighbours that hold shares of a client's keys: a count (> 2) or a fraction of the round",
     )
     reconstruction_threshold: float = Field(
-        0.5, gt=0, description="shares needed to unmask a client: a count or a fraction of num_shares (at least 2)"
+        0.67,
+        gt=0,
+        description=(
+            "shares needed to unmask a client: a count or a fraction of num_shares (at least 2); above half, so "
+            "that a server lying about who dropped cannot collect both kinds of a client's shares"
+        ),
     )
 
 
@@ -124,6 +143,11 @@ class PrivacySettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    reproducible_noise: bool = Field(
+        False,
+        description="derive the DP noise from the seed (bit-for-bit reproducible, for tests): NOT private",
+    )
+
     dp_sgd: DPSGDSettings | None = Field(None, description="sample-level DP-SGD in every client's local training")
     central: CentralDPSettings | None = Field(None, description="user-level DP on the server's aggregate")
     secure_aggregation: SecureAggregationSettings | None = Field(
@@ -132,6 +156,8 @@ class PrivacySettings(BaseModel):
 
     @model_validator(mode="after")
     def _something(self) -> PrivacySettings:
+        if self.reproducible_noise and not (self.dp_sgd or self.central):
+            raise ValueError("reproducible_noise: set with dp_sgd or central (it is about their noise)")
         if self.dp_sgd is None and self.central is None and self.secure_aggregation is None:
             raise ValueError("set dp_sgd, central, secure_aggregation or several (or remove the privacy section)")
         return self
@@ -147,15 +173,9 @@ def clients_per_round(num_clients: int, participation: float) -> int:
     return max(1, min(num_clients, int(round(participation * num_clients))))
 
 
-def planned_steps(n: int, cfg: AlgorithmConfig) -> int:
-    """Local steps of one round of plain local SGD on ``n`` samples (what ``target_epsilon`` plans for)."""
-    if n == 0:
-        return 0
-    return cfg.local_steps if cfg.local_steps is not None else cfg.local_epochs * len(batch_slices(n, cfg.batch_size))
-
-
-def privacy_problem(name: str, settings: PrivacySettings, model: nn.Module, sample: torch.Tensor) -> str | None:
-    """Why ``settings`` cannot apply to method ``name`` with ``model`` (one line), or None."""
+def settings_problem(name: str, settings: PrivacySettings) -> str | None:
+    """Why ``settings`` cannot apply to method ``name`` whatever the model and data (one line), or None: what
+    an operator's machine can refuse before a ServerApp starts."""
     cls = ALGORITHMS.get(name).obj
     if settings.secure_aggregation is not None:
         if cls.secure_aggregation_refusal is not None:
@@ -165,20 +185,8 @@ def privacy_problem(name: str, settings: PrivacySettings, model: nn.Module, samp
                 "privacy.secure_aggregation: not with privacy.central, whose server clips each update and so "
                 "must hold it (use dp_sgd, whose noise is added on the clients)"
             )
-    if settings.differential and not opacus_available():
-        return INSTALL_HINT
-    if settings.dp_sgd is not None:
-        if cls.dp_sgd_refusal is not None:
-            return f"privacy.dp_sgd: {name} {cls.dp_sgd_refusal}"
-        if any(isinstance(m, _BatchNorm) for m in model.modules()):
-            return (
-                "privacy.dp_sgd: the model has BatchNorm layers, whose per-sample gradients do not exist (a sample's "
-                "gradient depends on its batch); use a model without them or a GroupNorm variant "
-                "(opacus.validators.ModuleValidator.fix makes one)"
-            )
-        problem = _per_sample_problem(model, sample)
-        if problem is not None:
-            return f"privacy.dp_sgd: cannot form per-sample gradients of the model ({problem})"
+    if settings.dp_sgd is not None and cls.dp_sgd_refusal is not None:
+        return f"privacy.dp_sgd: {name} {cls.dp_sgd_refusal}"
     if settings.central is not None:
         if cls.central_dp_refusal is not None:
             return f"privacy.central: {name} {cls.central_dp_refusal}"
@@ -187,12 +195,31 @@ def privacy_problem(name: str, settings: PrivacySettings, model: nn.Module, samp
             return (
                 "privacy.central: adaptive clipping counts the unclipped updates on the server; not with clip_on_client"
             )
+    if settings.differential and not opacus_available():
+        return INSTALL_HINT
+    return None
+
+
+def privacy_problem(name: str, settings: PrivacySettings, model: nn.Module, sample: torch.Tensor) -> str | None:
+    """Why ``settings`` cannot apply to method ``name`` with ``model`` (one line), or None."""
+    problem = settings_problem(name, settings)
+    if problem is not None or settings.dp_sgd is None:
+        return problem
+    if any(isinstance(m, _BatchNorm) for m in model.modules()):
+        return (
+            "privacy.dp_sgd: the model has BatchNorm layers, whose per-sample gradients do not exist (a sample's "
+            "gradient depends on its batch); use a model without them or a GroupNorm variant "
+            "(opacus.validators.ModuleValidator.fix makes one)"
+        )
+    problem = _per_sample_problem(model, sample)
+    if problem is not None:
+        return f"privacy.dp_sgd: cannot form per-sample gradients of the model ({problem})"
     return None
 
 
 def _per_sample_problem(model: nn.Module, sample: torch.Tensor) -> str | None:
     params = [(k, p) for k, p in model.named_parameters() if p.requires_grad]
-    probe = PrivateGradients(1.0, 0.0, torch.Generator().manual_seed(0))
+    probe = PrivateGradients(1.0, 0.0, NoiseSource(new_secret(), 0, 0, "probe"))
     y = torch.zeros(sample.shape[0], dtype=torch.int64, device=sample.device)
     try:
         with torch.random.fork_rng(devices=[]):
@@ -219,19 +246,21 @@ def adaptive_noise_multiplier(z: float, count_stddev: float) -> float:
 
 
 class PrivateAlgorithm(Algorithm):
-    """``inner`` with the mechanisms of ``settings``; every other call goes to ``inner`` unchanged."""
+    """``inner`` with the mechanisms of ``settings``; every other call goes to ``inner`` unchanged.
+
+    ``participation``: the fraction of clients a round samples (central DP's Poisson rate)."""
 
     vectorizable = False
 
     def __init__(
-        self, inner: Algorithm, settings: PrivacySettings, rounds: int, per_round: int
+        self, inner: Algorithm, settings: PrivacySettings, rounds: int, participation: float = 1.0
     ) -> None:  # fmt: skip
         super().__init__(inner.config, inner.model_factory, inner.num_clients, inner.seed)
         self.inner = inner
         self.name = inner.name  # type: ignore[misc]
         self.settings = settings
         self.rounds = rounds
-        self.per_round = per_round  # clients the schedule samples per round
+        self.participation = float(participation)
         self._sigma_by_n: dict[int, float] = {}
 
     def __getattr__(self, item: str) -> Any:  # attributes of the method itself (e.g. FedMerge's layout)
@@ -239,12 +268,20 @@ class PrivateAlgorithm(Algorithm):
             raise AttributeError(item)
         return getattr(self.inner, item)
 
+    @property
+    def private(self) -> bool:
+        """Whether the noise is secret (False only with ``reproducible_noise``)."""
+        return not self.settings.reproducible_noise
+
+    def _secret(self, owner: str) -> str:
+        return reproducible_secret(self.seed, owner) if self.settings.reproducible_noise else new_secret()
+
     # --- the inner method's records, without what this wrapper adds ---------------------------
     @staticmethod
     def _without(record: Any) -> Any:
-        if KEY not in record.meta:
+        if KEY not in record.meta and SECRET_KEY not in record.meta:
             return record
-        return type(record)(record.tensors, {k: v for k, v in record.meta.items() if k != KEY})
+        return type(record)(record.tensors, {k: v for k, v in record.meta.items() if k not in (KEY, SECRET_KEY)})
 
     @staticmethod
     def _book(state: ServerState) -> dict[str, Any]:
@@ -254,11 +291,24 @@ class PrivateAlgorithm(Algorithm):
     def init_server_state(self) -> ServerState:
         state = self.inner.init_server_state()
         book: dict[str, Any] = {}
+        meta = {**state.meta}
         if self.settings.central is not None:
             book["central"] = {"clip": self.settings.central.clip, "history": []}
+            meta[SECRET_KEY] = self._secret("server")  # checkpointed with the state; never reported
         if self.settings.dp_sgd is not None:
             book["dp_sgd"] = {"epsilon": {}, "clients": []}
-        return ServerState(state.tensors, {**state.meta, KEY: book})
+        return ServerState(state.tensors, {**meta, KEY: book})
+
+    @property
+    def poisson_clients(self) -> bool:
+        """Central DP samples the clients itself (Poisson at rate ``participation``) when not all take part."""
+        return self.settings.central is not None and self.participation < 1.0
+
+    def select_clients(self, state: ServerState, rnd: int, scheduled: list[int]) -> list[int]:
+        if not self.poisson_clients:
+            return self.inner.select_clients(self._without(state), rnd, scheduled)
+        noise = NoiseSource(str(state.meta[SECRET_KEY]), rnd, NO_CLIENT, "central-sample")
+        return [int(c) for c in noise.poisson_sample(self.num_clients, self.participation).tolist()]
 
     def configure(self, state: ServerState, rnd: int, selected: list[int]) -> dict[int, Payload]:
         payloads = self.inner.configure(self._without(state), rnd, selected)
@@ -293,7 +343,11 @@ class PrivateAlgorithm(Algorithm):
                 ledger["epsilon"][str(cid)] = float(summed.metas[cid][KEY]["epsilon"])
             ledger["clients"] = summed.clients
         new = self.inner.aggregate_summed(self._without(state), rnd, summed)
-        return ServerState(new.tensors, {**new.meta, KEY: book})
+        return ServerState(new.tensors, {**new.meta, **self._kept_meta(state), KEY: book})
+
+    @staticmethod
+    def _kept_meta(state: ServerState) -> dict[str, Any]:
+        return {SECRET_KEY: state.meta[SECRET_KEY]} if SECRET_KEY in state.meta else {}
 
     def aggregate(self, state: ServerState, rnd: int, updates: dict[int, Update]) -> ServerState:
         book = self._book(state)
@@ -306,8 +360,9 @@ class PrivateAlgorithm(Algorithm):
         if self.settings.central is None:
             new = self.inner.aggregate(inner_state, rnd, updates)
         else:
-            new = self._central_aggregate(inner_state, rnd, updates, book["central"])
-        return ServerState(new.tensors, {**new.meta, KEY: book})
+            noise = NoiseSource(str(state.meta[SECRET_KEY]), rnd, NO_CLIENT, "central-dp")
+            new = self._central_aggregate(inner_state, rnd, updates, book["central"], noise)
+        return ServerState(new.tensors, {**new.meta, **self._kept_meta(state), KEY: book})
 
     @cached_property
     def central_noise_multiplier(self) -> float:
@@ -320,12 +375,19 @@ class PrivateAlgorithm(Algorithm):
 
     @property
     def client_rate(self) -> float:
-        return self.per_round / self.num_clients
+        """Central DP's sampling rate: each client takes part in a round with this probability."""
+        return self.participation
+
+    @property
+    def expected_clients(self) -> float:
+        """Central DP's divisor: the expected number of clients of a round (a constant, so that adding or
+        removing one client's data moves the noised mean by at most ``clip / expected_clients``)."""
+        return self.participation * self.num_clients
 
     def count_stddev(self) -> float:
         c = self.settings.central
         assert c is not None
-        return c.clip_count_stddev if c.clip_count_stddev is not None else self.per_round / 20
+        return c.clip_count_stddev if c.clip_count_stddev is not None else self.expected_clients / 20
 
     def update_noise_multiplier(self) -> float:
         c = self.settings.central
@@ -335,8 +397,14 @@ class PrivateAlgorithm(Algorithm):
             return z
         return adaptive_noise_multiplier(z, self.count_stddev())
 
+    def _sent_keys(self, state: ServerState, rnd: int, updates: dict[int, Update]) -> list[str]:
+        """The float tensors the clients send (and the noise covers): from an update, or, in a round that
+        sampled no client, from what the method would send."""
+        sample = updates[min(updates)].tensors if updates else self.inner.configure(state, rnd, [0])[0].tensors
+        return sorted(k for k, v in sample.items() if v.is_floating_point())
+
     def _central_aggregate(
-        self, state: ServerState, rnd: int, updates: dict[int, Update], book: dict[str, Any]
+        self, state: ServerState, rnd: int, updates: dict[int, Update], book: dict[str, Any], noise: NoiseSource
     ) -> ServerState:
         c = self.settings.central
         assert c is not None
@@ -354,14 +422,20 @@ class PrivateAlgorithm(Algorithm):
             unclipped += int(within)
             tensors = {**update.tensors, **{k: old[k] + v for k, v in change.items()}}
             clipped[cid] = Update(tensors, {**update.meta, "num_examples": 1})  # a uniform mean
-        new = self.inner.aggregate(state, rnd, clipped)
-        m = len(updates)
-        std = self.update_noise_multiplier() * bound / m
-        gen = torch_generator(self.seed, rnd, NO_CLIENT, "central-dp")
-        tensors = dict(new.tensors)
-        noised = sorted(k for k, v in updates[min(updates)].tensors.items() if v.is_floating_point())
-        for k in noised:
-            tensors[k] = tensors[k] + gaussian_noise(tensors[k].shape, std, gen, tensors[k].dtype).to(tensors[k].device)
+        keys = self._sent_keys(state, rnd, updates)
+        m, expected = len(updates), self.expected_clients
+        if m:  # the method's mean of the m clipped updates, turned into their sum over the expected count
+            new = self.inner.aggregate(state, rnd, clipped)
+            scale = m / expected
+            tensors = dict(new.tensors)
+            for k in keys:
+                tensors[k] = old[k] + (tensors[k] - old[k]) * scale
+            meta = dict(new.meta)
+        else:  # no client sampled: the release is the old state plus noise
+            tensors, meta = dict(old), dict(state.meta)
+        std = self.update_noise_multiplier() * bound / expected
+        for k in keys:
+            tensors[k] = tensors[k] + noise.normal(tensors[k].shape, std, tensors[k].dtype).to(tensors[k].device)
         ledger = Ledger(book["history"])
         ledger.add(self.central_noise_multiplier, self.client_rate, 1)
         book["last"] = {
@@ -372,50 +446,58 @@ class PrivateAlgorithm(Algorithm):
             "epsilon": ledger.epsilon(c.delta),
         }
         if c.adaptive:
-            count = unclipped + float(gaussian_noise((1,), self.count_stddev(), gen, torch.float64)[0])
-            fraction = count / m
+            count = unclipped + float(noise.normal((1,), self.count_stddev(), torch.float64)[0])
+            fraction = count / expected
             book["clip"] = bound * math.exp(-c.clip_lr * (fraction - c.target_quantile))
             book["last"]["unclipped_fraction"] = fraction  # noised: safe to publish
-        return ServerState(tensors, dict(new.meta))
+        return ServerState(tensors, meta)
 
     def server_report(self, state: ServerState, rnd: int) -> dict[str, Any]:
         report = dict(self.inner.server_report(self._without(state), rnd))
         book = self._book(state)
-        figures: dict[str, Any] = {}
+        figures: dict[str, Any] = {} if self.private else {"not_private": NOT_PRIVATE}
         if "dp_sgd" in book:
             eps = book["dp_sgd"]["epsilon"]
             figures["dp_sgd"] = {
                 "delta": self.settings.dp_sgd.delta,
-                "epsilon": {str(c): eps[str(c)] for c in book["dp_sgd"]["clients"]},
                 "epsilon_max": max(eps.values(), default=0.0),
             }
+            if not self.poisson_clients:  # the round's clients by id would tell a reader who took part
+                figures["dp_sgd"]["epsilon"] = {str(c): eps[str(c)] for c in book["dp_sgd"]["clients"]}
         if "central" in book and "last" in book["central"]:
             figures["central"] = {"delta": self.settings.central.delta, **book["central"]["last"]}
         report[KEY] = figures
         return report
 
     def privacy_summary(self, state: ServerState) -> dict[str, Any]:
-        """The run's guarantees at its end (``summary.json``'s ``privacy``)."""
+        """The run's guarantees at its end (``summary.json``'s ``privacy``): RDP epsilon (Opacus's RDP
+        accountant, the bound the runs are planned with) and PRV epsilon (Opacus's PRV accountant) beside it."""
         book = self._book(state)
-        out: dict[str, Any] = {}
+        out: dict[str, Any] = {"private": self.private}
+        if not self.private:
+            out["not_private"] = NOT_PRIVATE
         if "dp_sgd" in book:
             eps = book["dp_sgd"]["epsilon"]
             values = list(eps.values())
             out["dp_sgd"] = {
                 "delta": self.settings.dp_sgd.delta,
                 "clip": self.settings.dp_sgd.clip,
+                "sampling": "Poisson, rate batch_size / n per sample; add/remove one sample",
                 "epsilon_max": max(values, default=0.0),
                 "epsilon_mean": sum(values) / len(values) if values else 0.0,
                 "epsilon": eps,
             }
         if "central" in book:
             last = book["central"].get("last", {})
+            ledger = Ledger(book["central"]["history"])
             out["central"] = {
                 "delta": self.settings.central.delta,
                 "epsilon": last.get("epsilon", 0.0),
+                "epsilon_prv": ledger.epsilon_prv(self.settings.central.delta),
                 "noise_multiplier": self.central_noise_multiplier,
-                "rounds": Ledger(book["central"]["history"]).steps,
+                "rounds": ledger.steps,
                 "client_rate": self.client_rate,
+                "sampling": "Poisson, rate participation per client; add/remove one client",
                 "final_clip": book["central"]["clip"],
             }
         return out
@@ -457,7 +539,7 @@ class PrivateAlgorithm(Algorithm):
         return self._sigma_by_n[n]
 
     def sample_rate(self, n: int) -> float:
-        return min(1.0, self.config.batch_size / max(n, 1))
+        return sample_rate(n, self.config.batch_size)
 
     def client_update(
         self, payload: Payload, data: ClientDataLike, state: ClientState, ctx: ClientContext
@@ -466,27 +548,28 @@ class PrivateAlgorithm(Algorithm):
         history = state.meta.get(KEY, {}).get("dp_sgd", [])
         n = int(data.y_train.shape[0])
         private = None
-        if dp is not None:
+        secret = None
+        if dp is not None:  # the client's own secret: made on first use, kept in its state, never sent
+            secret = str(state.meta.get(SECRET_KEY) or self._secret(f"client-{ctx.cid}"))
             sigma = self.dp_sgd_noise_multiplier(n)
-            private = PrivateGradients(dp.clip, sigma, torch_generator(ctx.seed, ctx.round, ctx.cid, "dp-sgd"))
+            private = PrivateGradients(dp.clip, sigma, NoiseSource(secret, ctx.round, ctx.cid, "dp-sgd"))
             ctx = replace(ctx, private=private)
         update, new_state = self.inner.client_update(payload, data, self._without(state), ctx)
-        meta = dict(update.meta)
+        meta = {k: v for k, v in update.meta.items() if k in PUBLIC_META}  # nothing computed on raw data
         state_meta = dict(new_state.meta)
         if private is not None:
-            steps = meta.get("steps")
+            steps = update.meta.get("steps")
             if isinstance(steps, int) and steps != private.steps:
                 raise RuntimeError(f"{self.name}: {steps} local steps but {private.steps} of them privatised")
             ledger = Ledger(copy.deepcopy(history))
             ledger.add(private.noise_multiplier, self.sample_rate(n), private.steps)
-            for key in UNPRIVATISED_META:
-                meta.pop(key, None)
             meta[KEY] = {
                 "epsilon": ledger.epsilon(dp.delta),
                 "noise_multiplier": private.noise_multiplier,
                 "steps": ledger.steps,
             }
             state_meta[KEY] = {"dp_sgd": ledger.history}
+            state_meta[SECRET_KEY] = secret
         central = self.settings.central
         tensors = update.tensors
         if central is not None and central.clip_on_client:
@@ -519,6 +602,17 @@ class PrivateAlgorithm(Algorithm):
         return self.inner.initial_weights(purpose, cid)
 
 
+def redact_participants(record: dict[str, Any]) -> dict[str, Any]:
+    """A round record as published under central DP with Poisson client sampling: which clients took part
+    stays secret (the sampling's amplification assumes a reader does not know it), so only their number is
+    logged; per-client communication, the failed clients' ids and per-client epsilons are left out."""
+    out = {k: v for k, v in record.items() if k not in ("selected", "comm_clients")}
+    out["participants"] = len(record.get("selected", []))
+    if "failed_clients" in record:
+        out["failed_clients"] = [{k: v for k, v in f.items() if k != "cid"} for f in record["failed_clients"]]
+    return out
+
+
 def build_algorithm(
     config: AlgorithmConfig,
     model_factory: ModelFactory,
@@ -534,4 +628,4 @@ def build_algorithm(
     algorithm = ALGORITHMS.get(config.name).obj(config, model_factory, num_clients, seed)
     if privacy is None or not privacy.differential:  # secure aggregation alone changes no client or server math
         return algorithm
-    return PrivateAlgorithm(algorithm, privacy, rounds, clients_per_round(num_clients, participation))
+    return PrivateAlgorithm(algorithm, privacy, rounds, participation)

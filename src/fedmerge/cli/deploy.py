@@ -32,6 +32,23 @@ def _launch(superlink: str, values: dict[str, str], app_dir: Path | None) -> Non
     raise typer.Exit(code)
 
 
+def _refuse_what_cannot_run(config_path: str | None, overrides: list[str]) -> None:
+    """A privacy section the method cannot run under (e.g. secure aggregation of FedMerge) is refused here, in
+    one line, before a ServerApp starts, when the config is readable on this machine too."""
+    if config_path and not Path(config_path).expanduser().is_file():
+        return  # only on the SuperLink's machine: its ServerApp refuses it there
+    from fedmerge.algorithms.privacy import settings_problem
+    from fedmerge.config.schema import ConfigError, load_config
+
+    try:
+        cfg = load_config(config_path, overrides)
+    except ConfigError as exc:
+        fail(str(exc), 2)
+    privacy = getattr(cfg, "privacy", None)
+    if privacy is not None and (problem := settings_problem(cfg.algorithm.name, privacy)) is not None:
+        fail(problem, 2)
+
+
 @deploy_app.command("run", context_settings={"allow_interspersed_args": True})
 def run_cmd(
     superlink: str = typer.Argument(..., help="the SuperLink connection (in $FLWR_HOME/config.toml), e.g. secure"),
@@ -49,6 +66,8 @@ def run_cmd(
     config_path, overrides = split_args(args)
     if resume and config_path:
         fail("--resume continues a run folder with its own config.yaml; give no CONFIG", 2)
+    if not resume:
+        _refuse_what_cannot_run(config_path, overrides)
     values = {
         "config": str(Path(config_path).expanduser().resolve()) if config_path else "",
         "overrides": " ".join(overrides),

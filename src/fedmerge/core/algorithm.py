@@ -163,6 +163,11 @@ class Algorithm(ABC):
     @abstractmethod
     def init_server_state(self) -> ServerState: ...
 
+    def select_clients(self, state: ServerState, rnd: int, scheduled: list[int]) -> list[int]:
+        """The clients of round ``rnd``: the schedule's sample (central DP samples its own, in secret; it may
+        be empty)."""
+        return scheduled
+
     @abstractmethod
     def configure(self, state: ServerState, rnd: int, selected: list[int]) -> dict[int, Payload]: ...
 

@@ -195,10 +195,11 @@ def run_rounds(
     clients outside the schedule, never sampled, onboarded and evaluated (``eval_unseen``) at evaluation rounds."""
     for rnd in range(start_round + 1, schedule.rounds + 1):
         t0 = time.perf_counter()
-        selected = schedule.sample(rnd)
-        payloads = algorithm.configure(state, rnd, selected)
-        received = engine.fit(algorithm, rnd, payloads)
-        if not received:
+        selected = algorithm.select_clients(state, rnd, schedule.sample(rnd))
+        payloads = algorithm.configure(state, rnd, selected) if selected else {}
+        # a round may sample no client (central DP's Poisson sampling): the server still releases its step
+        received = engine.fit(algorithm, rnd, payloads) if selected else {}
+        if not received and selected:
             raise RoundFailed(f"round {rnd}: no client returned an update")
         secure = isinstance(received, SummedUpdates)
         if secure:  # secure aggregation: the round's combination, each client's metadata, no update
@@ -206,8 +207,8 @@ def run_rounds(
             state = algorithm.aggregate_summed(state, rnd, received)
             values_up = dict(received.values_up)
         else:
-            updates, dropped = screen_updates(rnd, received)
-            if not updates:
+            updates, dropped = screen_updates(rnd, received) if received else ({}, [])
+            if not updates and selected:
                 raise RoundFailed(_all_dropped_message(rnd, algorithm, dropped))
             state = algorithm.aggregate(state, rnd, updates)
             values_up = {cid: u.num_values() for cid, u in received.items()}
@@ -217,8 +218,8 @@ def run_rounds(
             "train_loss": _weighted_train_loss(updates),
             # values crossing the wire per client: every tensor value of each payload sent and each
             # update received (mean over the clients); client states never count, they stay put
-            "comm_down": float(np.mean([p.num_values() for p in payloads.values()])),
-            "comm_up": float(np.mean(list(values_up.values()))),
+            "comm_down": _mean([p.num_values() for p in payloads.values()]),
+            "comm_up": _mean(list(values_up.values())),
             # the same per client of the round: "up" only for those that replied
             "comm_clients": comm_per_client(payloads, values_up),
             "fit_seconds": time.perf_counter() - t0,
@@ -248,6 +249,10 @@ def run_rounds(
         if on_round_end is not None:
             on_round_end(rnd, state, record)
     return state
+
+
+def _mean(values: list[int]) -> float:
+    return float(np.mean(values)) if values else 0.0
 
 
 def comm_per_client(payloads: dict[int, Payload], values_up: Mapping[int, int]) -> dict[str, dict[str, int]]:

@@ -2,23 +2,28 @@
 
 - :class:`PrivateGradients`: DP-SGD's step (Abadi et al. 2016) inside :func:`~.training.local_sgd`: every
   sample's gradient of the task loss, clipped to ``clip`` in L2 norm, summed, Gaussian noise of standard
-  deviation ``noise_multiplier * clip`` added, divided by the batch's size.
-- :func:`clip_to_norm`, :func:`gaussian_noise`: the server's side of user-level (central) DP.
+  deviation ``noise_multiplier * clip`` added, divided by the expected batch size (Poisson batches).
+- :func:`clip_to_norm`: the server's side of user-level (central) DP.
 - :class:`Ledger`: the RDP accountant's history ``[(noise multiplier, sample rate, steps), ...]``, kept in
   the same merged form as Opacus's ``RDPAccountant`` so that the epsilon is Opacus's to the bit.
 
-Every noise draw comes from a generator the caller seeds by (seed, round, client, purpose). Opacus is
-imported only for accounting (``pip install -e '.[privacy]'``).
+Every noise draw and every private sample comes from a :class:`NoiseSource`: a generator keyed by a secret
+that only the party adding the noise holds (a client's, kept in its own state; the server's, in the server
+state), never by the run's seed, which the server sends and ``config.yaml`` publishes. Opacus is imported
+only for accounting (``pip install -e '.[privacy]'``).
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
+import secrets
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
@@ -26,6 +31,50 @@ from torch.nn import functional as F
 
 INSTALL_HINT = "privacy needs Opacus: pip install -e '.[privacy]'"
 CLIP_EPS = 1e-6  # as Opacus: a per-sample norm of 0 gets factor 1, not a division by zero
+
+
+SECRET_BYTES = 32
+
+
+def new_secret() -> str:
+    """A fresh noise secret from the operating system's random source (hex; 256 bits)."""
+    return secrets.token_hex(SECRET_BYTES)
+
+
+def reproducible_secret(seed: int, owner: str) -> str:
+    """A noise secret that follows from the run's seed: bit-for-bit reproducible noise, and hence NOT private
+    (anyone holding the seed regenerates the noise). Only behind ``privacy.reproducible_noise: true``."""
+    return hashlib.blake2b(
+        f"fedmerge-reproducible-noise|{int(seed)}|{owner}".encode(), digest_size=SECRET_BYTES
+    ).hexdigest()
+
+
+class NoiseSource:
+    """Gaussian noise and Poisson samples for one (round, client, purpose), from a secret.
+
+    The stream is numpy's Philox keyed by 128 bits of a keyed BLAKE2b of the secret and the key, so that no
+    one without the secret can regenerate it, while a party that holds it (a resumed client, a resumed
+    server) draws the same numbers again. Draws are made on the CPU in float64 (the same numbers on every
+    device); floating-point side channels of the Gaussian sampler (Mironov 2012) are not addressed."""
+
+    def __init__(self, secret: str, round_idx: int, client_id: int, purpose: str) -> None:
+        if not isinstance(secret, str) or len(secret) < 2 * 16:
+            raise ValueError("a noise secret must be at least 128 bits (hex)")
+        mac = hashlib.blake2b(f"{int(round_idx)}|{int(client_id)}|{purpose}".encode(), key=bytes.fromhex(secret)[:64],
+                              digest_size=16)  # fmt: skip
+        self._rng = np.random.Generator(np.random.Philox(key=int.from_bytes(mac.digest(), "little")))
+
+    def normal(self, shape: Sequence[int], std: float, dtype: torch.dtype) -> torch.Tensor:
+        """N(0, std^2) of ``shape`` (CPU)."""
+        if std == 0:
+            return torch.zeros(tuple(shape), dtype=dtype)
+        return torch.from_numpy(self._rng.normal(0.0, std, tuple(shape))).to(dtype)
+
+    def poisson_sample(self, n: int, rate: float) -> torch.Tensor:
+        """The indices of ``range(n)`` each kept independently with probability ``rate`` (sorted, int64)."""
+        if rate >= 1.0:
+            return torch.arange(n)
+        return torch.from_numpy(np.flatnonzero(self._rng.random(n) < rate)).to(torch.int64)
 
 
 def opacus_available() -> bool:
@@ -40,21 +89,50 @@ def opacus_available() -> bool:
 class PrivateGradients:
     """DP-SGD's gradient for one client's local training; counts the steps it privatised (for the ledger).
 
+    Its batches are Poisson samples (:meth:`batches`): every training sample joins a step independently with
+    probability ``q = batch_size / n``, as the accountant assumes, and the noised sum of clipped per-sample
+    gradients is divided by the *expected* batch size ``q n`` (a fixed number: the sensitivity to adding or
+    removing one sample stays ``clip / (q n)``), not by the batch drawn.
+
     Only the task loss's gradient is privatised: an ``extra_loss`` of :func:`~.training.local_sgd` must not
     depend on the training data through the privatised parameters (a proximal term may; a second model's
     loss on the batch may, when that model is never sent), which the methods admitting DP-SGD guarantee."""
 
     clip: float
     noise_multiplier: float
-    generator: torch.Generator  # CPU; seeded by (seed, round, client, "dp-sgd")
+    noise: NoiseSource  # the client's secret's, for (round, client, "dp-sgd"): the noise and the samples
     steps: int = 0
     batch_sizes: list[int] = field(default_factory=list)
 
+    def batches(
+        self, n: int, batch_size: int, steps: int, device: torch.device | None = None
+    ) -> Iterator[torch.Tensor]:
+        """``steps`` Poisson batches of the indices ``range(n)`` at rate ``min(1, batch_size / n)``."""
+        rate = sample_rate(n, batch_size)
+        for _ in range(steps):
+            idx = self.noise.poisson_sample(n, rate)
+            yield idx if device is None else idx.to(device)
+
     def gradients(
-        self, model: nn.Module, params: Sequence[tuple[str, nn.Parameter]], x: torch.Tensor, y: torch.Tensor
+        self,
+        model: nn.Module,
+        params: Sequence[tuple[str, nn.Parameter]],
+        x: torch.Tensor,
+        y: torch.Tensor,
+        expected_batch: float | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Set ``p.grad`` of ``params`` (named parameters of ``model``) to the private gradient of the
-        mean cross-entropy on (x, y); return the (detached) logits and the mean task loss."""
+        """Set ``p.grad`` of ``params`` (named parameters of ``model``) to the private gradient: the noised sum
+        of per-sample gradients of the cross-entropy on (x, y), each clipped to ``clip``, over
+        ``expected_batch`` (default: the batch's size); return the (detached) logits and the mean task loss."""
+        batch = int(y.shape[0])
+        divisor = float(batch if expected_batch is None else expected_batch)
+        std = self.noise_multiplier * self.clip
+        self.steps += 1
+        self.batch_sizes.append(batch)
+        if batch == 0:  # a Poisson sample may be empty: the step is noise alone
+            for _, p in params:
+                p.grad = self.noise.normal(p.shape, std, p.dtype).to(p.device) / divisor
+            return torch.zeros((0,), device=y.device), torch.tensor(float("nan"))
         trained = {name: p.detach() for name, p in params}
         rest = {n: t.detach() for n, t in (*model.named_parameters(), *model.named_buffers()) if n not in trained}
 
@@ -70,28 +148,22 @@ class PrivateGradients:
         )
         norms = per_sample_norms(per_sample.values())
         factors = (self.clip / (norms + CLIP_EPS)).clamp(max=1.0)
-        batch = int(y.shape[0])
-        std = self.noise_multiplier * self.clip
         for name, p in params:
             summed = torch.einsum("i,i...->...", factors, per_sample[name])
-            noise = gaussian_noise(summed.shape, std, self.generator, summed.dtype).to(summed.device)
-            p.grad = (summed + noise) / batch
-        self.steps += 1
-        self.batch_sizes.append(batch)
+            noise = self.noise.normal(summed.shape, std, summed.dtype).to(summed.device)
+            p.grad = (summed + noise) / divisor
         return logits, losses.mean()
+
+
+def sample_rate(n: int, batch_size: int) -> float:
+    """DP-SGD's Poisson sampling rate on ``n`` samples: ``batch_size / n``, at most 1."""
+    return min(1.0, batch_size / max(n, 1))
 
 
 def per_sample_norms(per_sample: Iterable[torch.Tensor]) -> torch.Tensor:
     """L2 norm of each sample's whole gradient (over every parameter), shape (batch,)."""
     squares = [g.reshape(g.shape[0], -1).pow(2).sum(1) for g in per_sample]
     return torch.stack(squares, 1).sum(1).sqrt()
-
-
-def gaussian_noise(shape: Sequence[int], std: float, generator: torch.Generator, dtype: torch.dtype) -> torch.Tensor:
-    """N(0, std^2) of ``shape`` on the CPU generator (the same numbers on every device)."""
-    if std == 0:
-        return torch.zeros(tuple(shape), dtype=dtype)
-    return torch.normal(0.0, std, tuple(shape), generator=generator).to(dtype)
 
 
 def flat_norm(tensors: Mapping[str, torch.Tensor]) -> float:
@@ -151,6 +223,25 @@ class Ledger:
             warnings.simplefilter("ignore", UserWarning)
             eps, _ = get_privacy_spent(orders=RDPAccountant.DEFAULT_ALPHAS, rdp=rdp, delta=delta)
         return float(eps)
+
+    def epsilon_prv(self, delta: float) -> float | None:
+        """Epsilon at ``delta`` by Opacus's PRV accountant (Gopi et al. 2021) on the same history, a tighter
+        estimate beside the RDP bound (None where the PRV accountant cannot evaluate it, e.g. q = 1 with
+        large noise budgets; 0 before the first step; inf without noise)."""
+        if not self.history:
+            return 0.0
+        if any(h[0] == 0 for h in self.history):
+            return math.inf
+        from opacus.accountants import PRVAccountant
+
+        accountant = PRVAccountant()
+        accountant.history = [(float(s), float(q), int(n)) for s, q, n in self.history]
+        with warnings.catch_warnings(), np.errstate(all="ignore"):
+            warnings.simplefilter("ignore")
+            try:
+                return float(accountant.get_epsilon(delta=delta, eps_error=0.01))
+            except (ValueError, RuntimeError, OverflowError, ZeroDivisionError, IndexError):
+                return None
 
 
 @functools.lru_cache(maxsize=1024)

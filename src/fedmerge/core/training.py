@@ -22,7 +22,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from torch.optim import SGD
 
 from .model_state import set_train_mode, trainable_parameters
-from .privacy import PrivateGradients
+from .privacy import PrivateGradients, sample_rate
 
 
 class LocalTraining(BaseModel):
@@ -79,6 +79,14 @@ def batch_slices(n: int, batch_size: int) -> list[slice]:
     if len(bounds) > 2 and bounds[-1] - bounds[-2] == 1:
         bounds.pop(-2)
     return [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def planned_steps(n: int, cfg: LocalTraining) -> int:
+    """Local steps of one call of :func:`local_sgd` on ``n`` samples: ``local_steps``, or ``local_epochs``
+    passes of :func:`batch_slices`' batches (DP-SGD's Poisson batches are as many)."""
+    if n == 0:
+        return 0
+    return cfg.local_steps if cfg.local_steps is not None else cfg.local_epochs * len(batch_slices(n, cfg.batch_size))
 
 
 def iterate_minibatches(
@@ -184,13 +192,18 @@ def _train(
         privatised = [(k, p) for k, p in model.named_parameters() if id(p) in held and p.requires_grad]
     losses: list[torch.Tensor] = []  # summed once at the end: no per-step conversion (nor device sync)
     steps = samples = 0
-    for idx in iterate_minibatches(n, cfg.batch_size, generator, cfg.local_epochs, cfg.local_steps, x.device):
+    if private is not None:  # Poisson batches from the client's secret, as the accountant assumes
+        batches: Iterable[torch.Tensor] = private.batches(n, cfg.batch_size, planned_steps(n, cfg), x.device)
+        expected_batch = sample_rate(n, cfg.batch_size) * n
+    else:
+        batches = iterate_minibatches(n, cfg.batch_size, generator, cfg.local_epochs, cfg.local_steps, x.device)
+    for idx in batches:
         step = Step(model, steps, x[idx], y[idx], idx)
         if before_forward is not None:
             before_forward(step)
         optimizer.zero_grad(set_to_none=True)
         if private is not None:
-            step.logits, task_loss = private.gradients(model, privatised, step.x, step.y)
+            step.logits, task_loss = private.gradients(model, privatised, step.x, step.y, expected_batch)
             extra = extra_loss(step) if extra_loss is not None else None
             if extra is not None and extra.requires_grad:
                 extra.backward()  # accumulates onto the private gradients

@@ -56,6 +56,7 @@ class Report:
     merge_weights: list[Figure] = field(default_factory=list)
     lambdas: list[Figure] = field(default_factory=list)
     privacy: list[Figure] = field(default_factory=list)
+    not_private: list[str] = field(default_factory=list)  # runs whose DP noise follows from the seed
     runs: list[dict[str, Any]] = field(default_factory=list)
     problems: list[RunRecord] = field(default_factory=list)
 
@@ -99,6 +100,7 @@ def build_report(paths: list[Path], out: Path, title: str | None = None) -> Path
     done = [r for r in records if r.status == DONE]
     if done:
         report.budget = _safe("mean over seeds of each method and setting", lambda: _budget_png(done))
+    report.not_private = [r.key for r in records if ((r.summary or {}).get("privacy") or {}).get("private") is False]
     report.runs = [_run_details(r) for r in records]
     report.problems = [r for r in records if r.status != DONE]
     out = Path(out)
@@ -248,5 +250,6 @@ def _run_details(record: RunRecord) -> dict[str, Any]:
         "record": record,
         "config": config,
         "segments": segments,
+        "not_private": ((record.summary or {}).get("privacy") or {}).get("private") is False,
         "commits": sorted({(s.get("commit") or "?")[:10] + ("+dirty" if s.get("dirty") else "") for s in segments}),
     }

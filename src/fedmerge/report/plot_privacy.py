@@ -56,6 +56,7 @@ class PrivacyRun:
     epsilon_mean: float | None  # DP-SGD: the clients' mean (the figure draws the largest)
     delta: float | None
     accuracy: float
+    not_private: bool = False  # privacy.reproducible_noise: the noise follows from the seed
 
 
 def read_run(run_dir: str | Path, selection: str = "last") -> PrivacyRun:
@@ -100,6 +101,7 @@ def read_run(run_dir: str | Path, selection: str = "last") -> PrivacyRun:
         epsilon_mean=epsilon_mean,
         delta=delta,
         accuracy=accuracy,
+        not_private=spent.get("private") is False,
     )
 
 
@@ -173,6 +175,7 @@ class Curves:
     points: list[Point]  # private points, in family order then by epsilon (descending noise: ascending epsilon)
     references: list[Point]  # runs without privacy, one per family
     left_out: list[str]  # one line per run not drawn, and why
+    not_private: int = 0  # runs whose noise follows from the seed (privacy.reproducible_noise)
 
     def families(self, mechanism: str) -> list[str]:
         return list(dict.fromkeys(p.label for p in self.points if p.mechanism == mechanism))
@@ -217,7 +220,7 @@ def curves(runs: list[PrivacyRun], left_out: list[str] | None = None) -> Curves:
         (references if first.mechanism == "none" else points).append(point)
     order = list(labels.values())
     points.sort(key=lambda p: (order.index(p.label), list(MECHANISMS).index(p.mechanism), p.epsilon))
-    return Curves(points, references, skipped)
+    return Curves(points, references, skipped, sum(r.not_private for r in runs))
 
 
 def read_curves(run_dirs: list[Path], selection: str = "last") -> Curves:
@@ -282,7 +285,13 @@ def privacy_figure(data: Curves, selection: str = "last") -> Any:
     n = max((len(p.seeds) for p in [*data.points, *data.references]), default=0)
     seeds = f"mean ± std over {n} seeds" if n > 1 else "1 seed"
     axes[0].set_ylabel(f"mean client test accuracy, {SELECTIONS[selection]}\n({seeds})")
+    if data.not_private:
+        fig.suptitle(not_private_text(data.not_private), color="C3", fontsize="small")
     return fig
+
+
+def not_private_text(count: int) -> str:
+    return f"NOT private: {count} run(s) used privacy.reproducible_noise (the noise follows from the seed)"
 
 
 def _minor_label(value: float, _: int) -> str:
@@ -305,7 +314,7 @@ def privacy_table(data: Curves, selection: str = "last") -> str:
         "| method | mechanism | noise | clip | δ | ε (mean; min-max over seeds) | ε, clients' mean | seeds | "
         f"accuracy, {SELECTIONS[selection]} (%) |\n|---|---|---|---|---|---|---|---|---|"
     )
-    lines = [head]
+    lines = [f"**{not_private_text(data.not_private)}**\n", head] if data.not_private else [head]
     for p in [*data.references, *data.points]:
         if p.epsilons:
             lo, hi = min(p.epsilons), max(p.epsilons)

@@ -14,6 +14,7 @@ import torch
 from pydantic import BaseModel
 
 from fedmerge.algorithms import Algorithm
+from fedmerge.algorithms.privacy import redact_participants
 from fedmerge.config.schema import dataset_label, to_yaml
 from fedmerge.core.checkpoint import (
     Checkpoint,
@@ -146,6 +147,8 @@ def record_rounds(
                 record["summary"] = summarize_eval(record["eval"]["clients"])
             for key in [k for k in record if k.startswith(UNSEEN_EVAL)]:  # eval_unseen -> summary_unseen, ...
                 record["summary" + key.removeprefix("eval")] = summarize_eval(record[key]["clients"])
+            if getattr(algorithm, "poisson_clients", False):  # central DP: who took part stays secret
+                record = redact_participants(record)
             record["elapsed_seconds"] = time.perf_counter() - t_start
             peak = peak_memory_mib(device)  # on CUDA: this round's peak, so growth over rounds shows
             if peak is not None:

@@ -35,6 +35,12 @@ from fedmerge.run.summary import TIMING_KEYS
 from fedmerge.run.tensorboard_log import require_tensorboard
 
 
+def secure_simulation(cfg: Any, deployment: bool) -> bool:
+    """A Flower simulation under secure aggregation (its client states never reach the server)."""
+    privacy = getattr(cfg, "privacy", None)
+    return cfg.engine == "flower" and not deployment and privacy is not None and privacy.secure_aggregation is not None
+
+
 def secure_aggregation_problem(cfg: Any, num_clients: int) -> str | None:
     """Why ``privacy.secure_aggregation`` cannot run as configured (one line), or None."""
     if cfg.engine != "flower":
@@ -99,6 +105,12 @@ def run_experiment(
     if resume:
         if run_dir is None:
             raise ValueError("resume=True needs the run folder")
+        if secure_simulation(cfg, deployment):
+            raise ConfigError(
+                f"{run_dir}: a Flower simulation under privacy.secure_aggregation cannot resume: its clients' states "
+                "stayed in the simulation's memory, which secure aggregation keeps from the server's checkpoints "
+                "(a deployment keeps them on the nodes' disks and resumes); start it again"
+            )
         ckpt = resume_checkpoint(Path(run_dir), cfg, checkpoint)
     if cfg.log is not None and cfg.log.tensorboard:
         require_tensorboard()
@@ -155,6 +167,16 @@ def run_experiment(
             problem = "vectorize: not with privacy (DP-SGD's per-sample step and the private aggregate run per client)"
         if problem is None and privacy.secure_aggregation is not None:
             problem = secure_aggregation_problem(cfg, num_clients)
+        if (
+            problem is None
+            and privacy.central is not None
+            and cfg.participation < 1
+            and cfg.eval_clients == "participants"
+        ):
+            problem = (
+                "privacy.central: not with eval_clients=participants, whose evaluation would publish which clients "
+                "the secret Poisson sampling chose (use all or sample:K)"
+            )
         if problem is not None:
             raise ConfigError(problem)
     try:

@@ -176,12 +176,31 @@ def cluster_recovery(rows: list[dict[str, Any]], groups: list[int | None]) -> di
     return {"round": last, "ari": per_round[last], "ari_by_round": {str(k): v for k, v in sorted(per_round.items())}}
 
 
+def privacy_lines(privacy: dict[str, Any] | None) -> list[str]:
+    """summary.md's lines on the guarantees spent (none without a privacy section)."""
+    if not privacy:
+        return []
+    lines = [""]
+    if privacy.get("private") is False:
+        lines.append(f"**{privacy.get('not_private', 'NOT private')}**")
+    if "dp_sgd" in privacy:
+        d = privacy["dp_sgd"]
+        lines.append(f"DP-SGD: epsilon {d['epsilon_max']:.3g} (RDP, largest over the clients) at delta {d['delta']:g}")
+    if "central" in privacy:
+        c = privacy["central"]
+        prv = c.get("epsilon_prv")
+        prv_text = f", {prv:.3g} (PRV)" if isinstance(prv, float) else ""
+        lines.append(f"central DP: epsilon {c['epsilon']:.3g} (RDP){prv_text} at delta {c['delta']:g}")
+    return lines
+
+
 def summary_markdown(summary: dict[str, Any]) -> str:
     lines = [
         f"# {summary.get('name', 'run')}: {summary.get('algorithm')} on {summary.get('dataset')}",
         "",
         f"rounds completed: {summary.get('rounds_completed')}",
         *(["", f"**warning: {summary['diverged']}**"] if summary.get("diverged") else []),
+        *privacy_lines(summary.get("privacy")),
         "",
         "| selection | round | metric | mean | weighted mean | std | worst 10% |",
         "|---|---|---|---|---|---|---|",

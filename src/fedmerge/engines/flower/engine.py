@@ -244,6 +244,9 @@ class FlowerEngine:
         self.grid = grid
         # privacy.secure_aggregation: each round's training runs Flower's SecAgg+ (secure.py)
         self.secure_aggregation = secure_aggregation
+        # where the client states stay: on the nodes when deployed, and in a secure simulation too (a state in a
+        # reply would hand the server a client's personal model, which secure aggregation promises it never sees)
+        self.states_on_nodes = mode == DEPLOYMENT or secure_aggregation is not None
         self.job_json = json.dumps(job, sort_keys=True)
         self.mode = mode
         self.federation = federation
@@ -317,7 +320,7 @@ class FlowerEngine:
     def client_state_shapes(self) -> dict[int, ClientState]:
         """The client states as the summary sizes them. Deployed, the nodes keep their states and report
         only their tensors' shapes and dtypes: meta-device stand-ins of those (no value exists here)."""
-        return self._states if self.mode != DEPLOYMENT else dict(self._state_shapes)
+        return self._states if not self.states_on_nodes else dict(self._state_shapes)
 
     def checkpoint_meta(self, keep: int = 1) -> dict[str, Any]:
         """What a checkpoint must keep of this engine (deployment: the rounds of the nodes' states).
@@ -394,7 +397,7 @@ class FlowerEngine:
         """One round of training through Flower's SecAgg+: only the sum of the clients' vectors and each
         client's metadata reach this process (``secure.py``). A client that fails in any stage is left out
         of the sum (the protocol unmasks without it); too few, and the round stops with one line."""
-        from .secure import LAYOUT, META, STATE_BYTES, STATE_SHAPES, run_round, sum_settings
+        from .secure import LAYOUT, META, STATE_SHAPES, run_round, sum_settings
 
         if len(payloads) < 2:
             raise RoundFailed(
@@ -435,10 +438,8 @@ class FlowerEngine:
         for cid, m in sorted(included.items()):
             if self.mode == DEPLOYMENT:
                 self.state_round[cid] = max(self.state_round.get(cid, 0), rnd)
-                if STATE_SHAPES in m:
-                    self._state_shapes[cid] = state_stand_in(str(m[STATE_SHAPES]))
-            elif STATE_BYTES in m:
-                self._states[cid] = ClientState.from_bytes(bytes(m[STATE_BYTES]))
+            if STATE_SHAPES in m:  # secure rounds keep every state on its node (simulated or deployed)
+                self._state_shapes[cid] = state_stand_in(str(m[STATE_SHAPES]))
             self._push.discard(cid)
             if self.on_client_done is not None:
                 self.on_client_done(cid)
@@ -473,8 +474,9 @@ class FlowerEngine:
             content = reply.content
             if onboard:
                 pass  # a newcomer keeps no state: nothing to track
-            elif self.mode == DEPLOYMENT:
-                self.state_round[cid] = max(self.state_round.get(cid, 0), rnd)
+            elif self.states_on_nodes:
+                if self.mode == DEPLOYMENT:
+                    self.state_round[cid] = max(self.state_round.get(cid, 0), rnd)
                 if JOB in content.config_records and "state_shapes" in content.config_records[JOB]:
                     self._state_shapes[cid] = state_stand_in(str(content.config_records[JOB]["state_shapes"]))
             elif has_record(content, STATE):
@@ -513,6 +515,8 @@ class FlowerEngine:
             job["onboard"] = True
         if secure is not None:  # the node answers with its vector for the secure sum (core/secure_sum.py)
             job["secure_aggregation"] = secure
+        if self.states_on_nodes and self.mode != DEPLOYMENT:
+            job["keep_state"] = True  # a secure simulation: the state stays in the node's context
         if self.mode == DEPLOYMENT:
             job["state_round"] = self.state_round.get(cid, 0)
             job["keep_round"] = self._kept.get(cid, 0)

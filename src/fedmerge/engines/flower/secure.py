@@ -39,7 +39,7 @@ from fedmerge.core.secure_sum import SumSettings, quantization_range
 log = logging.getLogger(__name__)
 
 # fit-result metrics (in the clear) that carry what the server may know of a client's update
-META, LAYOUT, STATE_SHAPES, STATE_BYTES = "fedmerge.meta", "fedmerge.layout", "fedmerge.state_shapes", "fedmerge.state"
+META, LAYOUT, STATE_SHAPES = "fedmerge.meta", "fedmerge.layout", "fedmerge.state_shapes"
 
 
 def count_or_fraction(value: float) -> int | float:

@@ -109,6 +109,7 @@ class _Call:
     fresh: bool  # no state existed: the engine creates one
     store: Any  # deployment: the open StateStore
     newcomer: NodeSettings | None = None  # a deployed client that never trained: where it saves its model
+    keep_state: bool = False  # a secure simulation: no state in any reply
 
 
 def _state_digest(state: ClientState) -> str:
@@ -185,7 +186,7 @@ def _prepare(msg: Message, context: Context, phase: str, store_scope: Any) -> _C
     if not 0 <= cid < worker.num_clients:
         raise ValueError(f"partition-id {cid} is outside 0..{worker.num_clients - 1} (the clients that train)")
     worker.engine.load_client_states({cid: state} if state is not None else {})
-    return _Call(worker, cid, rnd, payload, state is None, store)
+    return _Call(worker, cid, rnd, payload, state is None, store, keep_state=bool(job.get("keep_state", False)))
 
 
 def _save_state(call: _Call, context: Context, content: RecordDict) -> None:
@@ -196,6 +197,9 @@ def _save_state(call: _Call, context: Context, content: RecordDict) -> None:
         content[JOB] = ConfigRecord({"state_shapes": state_shapes(state)})  # the summary's sizes, no value
         return
     context.state[STATE_KEY] = state_to_config(state)
+    if call.keep_state:  # a secure simulation: the server learns the state's shapes, as of a deployed node
+        content[JOB] = ConfigRecord({"state_shapes": state_shapes(state)})
+        return
     put_record(content, STATE, state)  # simulation: a copy for the server's checkpoints
 
 
@@ -204,7 +208,7 @@ def _secure_reply(call: _Call, context: Context, update: Any, settings: str) -> 
     masks (and then empties every array of this reply); only the update's metadata stays readable."""
     from fedmerge.core.secure_sum import SumSettings, layout_of, summands
 
-    from .secure import LAYOUT, META, STATE_BYTES, STATE_SHAPES, fit_reply
+    from .secure import LAYOUT, META, STATE_SHAPES, fit_reply
 
     alg = call.worker.algorithm
     weight = alg.secure_weight(update.meta)
@@ -215,9 +219,9 @@ def _secure_reply(call: _Call, context: Context, update: Any, settings: str) -> 
         call.store.put(call.cid, state, call.rnd)
         call.store.flush()
         metrics[STATE_SHAPES] = state_shapes(state)
-    else:  # simulation: the copy for the server's checkpoints (bytes: the mod empties every array)
+    else:  # simulation: the state stays in the node's context; the server learns its shapes only
         context.state[STATE_KEY] = state_to_config(state)
-        metrics[STATE_BYTES] = state.to_bytes()
+        metrics[STATE_SHAPES] = state_shapes(state)
     return fit_reply(vector, metrics)
 
 
