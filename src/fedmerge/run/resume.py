@@ -93,9 +93,10 @@ def roll_back_to_records(
     back_to = older.round if older is not None else 0
     roll_back_checkpoints(folder, back_to)
     where = f"the checkpoint of round {back_to}" if older is not None else "the start (no checkpoint before it)"
+    again = f"round {start} is" if back_to + 1 == start else f"rounds {back_to + 1}-{start} are"
     return older, (
         f"{run_dir / METRICS_FILE}: the record of round {recorded + 1} is cut or missing; rolled back to {where}, "
-        f"rounds {back_to + 1}-{start} are made again"
+        f"{again} made again"
     )
 
 
