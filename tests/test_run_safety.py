@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -71,6 +72,27 @@ def test_a_second_writer_is_refused_in_one_line_naming_the_holder(tmp_path, hold
     line = one_line_error(result)
     assert f"pid {proc.pid} on host {socket.gethostname()}" in line and "being written by another" in line
     assert (run_dir / "metrics.jsonl").read_bytes() == before  # the refused process wrote nothing
+
+
+@pytest.mark.slow  # starts a fedmerge process
+def test_a_resume_while_the_run_itself_is_still_going_is_refused(tmp_path):
+    """The issue's case: ``fedmerge run rounds=600 --out conc &`` then ``fedmerge run --resume conc``."""
+    run_dir = tmp_path / "conc"
+    command = [sys.executable, "-m", "fedmerge.cli", "run", "rounds=600", "--out", str(run_dir), "--no-progress"]
+    proc = subprocess.Popen(command, env=_cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 120
+        while RunStore(run_dir).recorded_rounds() < 1 and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.05)
+        assert proc.poll() is None, "the run ended before the test could resume it"
+        result = cli("run", "--resume", run_dir)
+        assert result.exit_code == 2 and f"pid {proc.pid} on host" in one_line_error(result)
+        assert active_writer(run_dir).pid == proc.pid
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+    rounds = [r["round"] for r in RunStore(run_dir).read_metrics()]
+    assert rounds == list(range(1, len(rounds) + 1))  # one writer: no round twice, none out of order
 
 
 def test_the_lock_of_a_writer_that_died_is_taken_over(tmp_path, holder):
