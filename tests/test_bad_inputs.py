@@ -20,6 +20,7 @@ from fedmerge.cli import app
 from fedmerge.config.schema import load_config
 from fedmerge.data import load_pool
 from fedmerge.data.errors import DataWarning
+from fedmerge.run.folder_lock import LOCK_FILE
 
 FAST = ["rounds=1", "partition.num_clients=3", "algorithm.local_epochs=1", "threads=1", "--no-progress"]
 
@@ -236,7 +237,8 @@ def test_a_full_disk_is_one_line_naming_the_run_and_resume_finishes_it(tmp_path,
     assert one_error(result) == (
         f"No space left on device (free some space); continue with: fedmerge run --resume {run_dir}"
     )
-    assert sorted(p.name for p in run_dir.iterdir() if p.name.startswith(".")) == []  # no .summary.json.tmp-PID
+    temporary = [p.name for p in run_dir.iterdir() if p.name.startswith(".") and p.name != LOCK_FILE]
+    assert temporary == []  # no .summary.json.tmp-PID
     assert not (run_dir / "summary.json").exists()
 
     monkeypatch.setattr(checkpoint, "_write_synced", write)  # space freed

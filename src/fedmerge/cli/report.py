@@ -10,6 +10,7 @@ from fedmerge.cli.app import (
     app,
     fail,
     new_typer,
+    notice,
     out,
     reason,
 )
@@ -26,7 +27,7 @@ def report(
     from fedmerge.report.html import build_report
 
     try:
-        path = build_report(paths, out_path, title)
+        path = build_report(paths, out_path, title, notify=notice)
     except NoRuns as exc:
         fail(str(exc), 2)
     except OSError as exc:  # an unwritable -o

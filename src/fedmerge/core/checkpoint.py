@@ -160,6 +160,30 @@ def load_checkpoint(folder: Path, with_clients: bool = True) -> Checkpoint:
     return checkpoint
 
 
+def checkpoint_files(folder: Path) -> dict[int, Path]:
+    """The ``round-*.safetensors`` files in ``folder`` by round."""
+    files = {_file_round(f): f for f in Path(folder).glob("round-*.safetensors")}
+    return {r: f for r, f in sorted(files.items()) if r is not None}
+
+
+def roll_back_checkpoints(folder: Path, round_idx: int) -> None:
+    """Make round ``round_idx`` the latest checkpoint (0: none): ``latest.json`` names its file, and the
+    files of later rounds, which the resumed run makes again, are deleted. ``latest.json`` is rewritten
+    first, so a crash in between leaves a folder that resumes from ``round_idx`` too."""
+    folder = Path(folder)
+    files = checkpoint_files(folder)
+    if round_idx in files:
+        data = files[round_idx].read_bytes()
+        pointer = {"file": files[round_idx].name, "round": round_idx, "sha256": hashlib.sha256(data).hexdigest()}
+        atomic_write_bytes(folder / LATEST, json.dumps(pointer, indent=1).encode())
+    else:
+        (folder / LATEST).unlink(missing_ok=True)
+    for rnd, path in files.items():
+        if rnd > round_idx:
+            path.unlink(missing_ok=True)
+    _fsync_dir(folder)
+
+
 def newest_checkpoint_file(folder: Path) -> Path | None:
     """The ``round-*.safetensors`` file of the highest round in ``folder``, if any."""
     files = sorted(Path(folder).glob("round-*.safetensors"))

@@ -18,6 +18,7 @@ from fedmerge.config.schema import dataset_label
 from fedmerge.report.compare import DONE, INCOMPLETE, RunRecord
 from fedmerge.report.plot_budget import run_setting, setting_labels
 from fedmerge.report.plot_privacy import privacy_tag
+from fedmerge.run.folder_lock import active_writer
 from fedmerge.run.results import CONFIG_FILE, SUMMARY_FILE, RunStore
 from fedmerge.sweep.runner import INDEX_FILE, is_sweep_dir, sweep_records
 
@@ -38,7 +39,25 @@ def find_runs(paths: list[Path]) -> list[RunRecord]:
         for s in sweeps:
             records += sweep_records(s)
         loose += runs
-    return records + loose_records(loose)
+    return mark_in_progress(records + loose_records(loose))
+
+
+def mark_in_progress(records: list[RunRecord]) -> list[RunRecord]:
+    """Runs that a live process is writing: incomplete, whatever their files say yet (a resumed run's
+    summary is about to be rewritten), with the writer named."""
+    for record in records:
+        if record.run_dir is not None and (writer := active_writer(record.run_dir)) is not None:
+            record.status, record.error = INCOMPLETE, f"run in progress ({writer})"
+    return records
+
+
+def in_progress_notes(records: list[RunRecord]) -> list[str]:
+    """One line per run being written, for the terminal: the report shows what was recorded so far."""
+    return [
+        f"{r.run_dir}: {r.error}; the report shows the rounds recorded so far"
+        for r in records
+        if r.run_dir is not None and (r.error or "").startswith("run in progress")
+    ]
 
 
 def _walk(path: Path) -> tuple[list[Path], list[Path]]:

@@ -26,6 +26,7 @@ from fedmerge.report.data import (
     find_runs,
     has_lambda_curve,
     has_merge_weights,
+    in_progress_notes,
     learning_curve,
 )
 from fedmerge.run.provenance import package_version, read_provenance
@@ -67,9 +68,14 @@ class Report:
         return columns(table)
 
 
-def build_report(paths: list[Path], out: Path, title: str | None = None) -> Path:
-    """Write the page for the runs found under ``paths``; raises ``NoRuns`` when there are none."""
+def build_report(
+    paths: list[Path], out: Path, title: str | None = None, notify: Callable[[str], None] | None = None
+) -> Path:
+    """Write the page for the runs found under ``paths``; raises ``NoRuns`` when there are none.
+    ``notify``: one line per run that a live process is still writing."""
     records = find_runs(paths)
+    for line in in_progress_notes(records):
+        (notify or (lambda message: None))(line)
     report = Report(
         title=title or "fedmerge report: " + ", ".join(p.name or str(p) for p in paths),
         generated=time.strftime("%Y-%m-%d %H:%M:%S %Z"),

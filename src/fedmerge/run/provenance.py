@@ -7,7 +7,6 @@ run's segments came from different commits.
 
 from __future__ import annotations
 
-import json
 import platform
 import re
 import shlex
@@ -20,7 +19,10 @@ from typing import Any
 
 import torch
 
-FILE = "provenance.jsonl"
+from fedmerge.run.records import all_readable_rows, append_line, repair_tail
+from fedmerge.run.results import PROVENANCE_FILE
+
+FILE = PROVENANCE_FILE
 
 
 @lru_cache(maxsize=1)
@@ -93,13 +95,11 @@ def record_segment(
         "python": platform.python_version(),
         "platform": platform.platform(),
     }
-    with open(Path(run_dir) / FILE, "a", encoding="utf-8") as fh:
-        fh.write(json.dumps(line) + "\n")
+    path = Path(run_dir) / FILE
+    repair_tail(path)  # a line cut by a crash would swallow this one
+    append_line(path, line)
     return line
 
 
 def read_provenance(run_dir: str | Path) -> list[dict[str, Any]]:
-    path = Path(run_dir) / FILE
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return all_readable_rows(Path(run_dir) / FILE)

@@ -90,9 +90,9 @@ def record_rounds(
     earlier_seconds = 0.0  # wall time of the earlier segments of a resumed run
     ckpt = segment.checkpoint
     if segment.resume:
-        # elapsed_seconds is cumulative, so the last row written (kept or about to be replayed) holds
-        # the time every earlier segment ran
-        earlier_seconds = max((r.get("elapsed_seconds", 0.0) for r in store.read_metrics()), default=0.0)
+        # elapsed_seconds is cumulative: the rows written (kept or about to be replayed) and the summary of
+        # a finished run hold the time every earlier segment ran, so wall_seconds only grows
+        earlier_seconds = store.time_spent()
         if ckpt is not None:
             state = ckpt.server_state.to(device)
             engine.restore(ckpt.meta)  # deployment: the rounds of the states the nodes keep

@@ -5,25 +5,38 @@ RUN_DIR/metrics.jsonl      one JSON object per completed round
 RUN_DIR/summary.json       final figures (also summary.md, a table)
 RUN_DIR/checkpoints/       atomic checksummed checkpoints (see fedmerge.core.checkpoint)
 RUN_DIR/federation.json    a deployed run only: what its SuperNodes reported about their data
+RUN_DIR/provenance.jsonl   one line per segment: the command, versions and commit (fedmerge.run.provenance)
+RUN_DIR/tensorboard/       with log.tensorboard: the per-round scalars
+RUN_DIR/.writer.lock       held by the one process writing the folder (fedmerge.run.folder_lock)
+
+Every file is written to a temporary name in the folder and renamed; the two logs are appended one
+whole, fsynced line at a time.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from fedmerge.config.schema import CONFIG_FILE, make_folder
+from fedmerge.config.schema import CONFIG_FILE, ConfigError, make_folder
 from fedmerge.core.checkpoint import atomic_write_bytes
+from fedmerge.run.records import all_readable_rows, append_line, read_lines, rewrite_lines
 
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
 SUMMARY_MD = "summary.md"
 CHECKPOINT_DIR = "checkpoints"
 FEDERATION_FILE = "federation.json"  # a deployed run: what its SuperNodes reported about their data
+PROVENANCE_FILE = "provenance.jsonl"
+TENSORBOARD_DIR = "tensorboard"
+# every name a run writes in its folder: a new run is never started where one of them is
+RUN_FILES = (
+    CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, SUMMARY_MD, CHECKPOINT_DIR, FEDERATION_FILE, PROVENANCE_FILE,
+    TENSORBOARD_DIR,
+)  # fmt: skip
 
 
 def new_run_dir(output_dir: str | Path, name: str) -> Path:
@@ -33,6 +46,19 @@ def new_run_dir(output_dir: str | Path, name: str) -> Path:
     while path.exists():
         path, i = base.with_name(f"{base.name}-{i}"), i + 1
     return make_folder(path, "output_dir", exist_ok=False)
+
+
+def check_new_run_folder(run_dir: str | Path, option: str = "run folder") -> None:
+    """Refuse (one line) to start a run in a folder that holds a file the run would write: a run's own
+    (continue it with ``--resume``) or a user's (never overwritten)."""
+    folder = Path(run_dir)
+    if (folder / CONFIG_FILE).exists():
+        raise ConfigError(f"{option} {folder} already holds a run; to continue it: fedmerge run --resume {folder}")
+    taken = [name for name in RUN_FILES if (folder / name).exists()]
+    if taken:
+        raise ConfigError(
+            f"{option} {folder} already holds {taken[0]}, which a run would overwrite; choose a new or empty folder"
+        )
 
 
 class RunStore:
@@ -51,29 +77,43 @@ class RunStore:
         return self.dir / CONFIG_FILE
 
     def append_metrics(self, row: dict[str, Any]) -> None:
-        with open(self.dir / METRICS_FILE, "a") as fh:
-            fh.write(json.dumps(row, sort_keys=True) + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
+        append_line(self.dir / METRICS_FILE, row, sort_keys=True)
 
     def read_metrics(self) -> list[dict[str, Any]]:
-        path = self.dir / METRICS_FILE
-        if not path.exists():
-            return []
-        rows = []
-        for line in path.read_text().splitlines():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                break  # a line cut by a crash: everything after it is untrusted
-        return rows
+        """The rows written whole; a line cut by a crash, and everything after it, is untrusted."""
+        return read_lines(self.dir / METRICS_FILE)[0]
+
+    def recorded_rounds(self) -> int:
+        """The last round R such that rounds 1..R each have their row, whole and in order."""
+        done = 0
+        for row in self.read_metrics():
+            if row.get("round") != done + 1:
+                break
+            done += 1
+        return done
+
+    def time_spent(self) -> float:
+        """Seconds the run's earlier segments ran: the most any row or the summary recorded (rows past a
+        damaged line count too: that time was spent)."""
+        rows = all_readable_rows(self.dir / METRICS_FILE)
+        spent = [float(r["elapsed_seconds"]) for r in rows if isinstance(r.get("elapsed_seconds"), int | float)]
+        summary = self.read_summary()
+        if summary is not None and isinstance(summary.get("wall_seconds"), int | float):
+            spent.append(float(summary["wall_seconds"]))
+        return max(spent, default=0.0)
 
     def truncate_metrics(self, last_round: int) -> list[dict[str, Any]]:
-        """Keep the rows of rounds <= last_round (the checkpointed ones); rewrite atomically."""
-        rows = [r for r in self.read_metrics() if r["round"] <= last_round]
-        text = "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows)
-        atomic_write_bytes(self.dir / METRICS_FILE, text.encode())
+        """Keep the rows of rounds 1..last_round (the checkpointed ones, whole and in order); rewrite atomically."""
+        rows = self.read_metrics()[: min(last_round, self.recorded_rounds())]
+        rewrite_lines(self.dir / METRICS_FILE, rows, sort_keys=True)
         return rows
+
+    def read_summary(self) -> dict[str, Any] | None:
+        try:
+            summary = json.loads((self.dir / SUMMARY_FILE).read_text())
+        except (OSError, ValueError):
+            return None
+        return summary if isinstance(summary, dict) else None
 
     def write_summary(self, summary: dict[str, Any], markdown: str) -> None:
         atomic_write_bytes(self.dir / SUMMARY_FILE, json.dumps(summary, indent=1, sort_keys=True).encode())

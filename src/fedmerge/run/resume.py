@@ -5,19 +5,23 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from typing import Any
 
+import yaml
 from pydantic import BaseModel
 
-from fedmerge.config.schema import ConfigError, defaults_left_out
+from fedmerge.config.schema import ConfigError, defaults_left_out, load_config, to_yaml
 from fedmerge.core.checkpoint import (
     LATEST,
     Checkpoint,
     CheckpointError,
+    checkpoint_files,
     load_checkpoint,
     newest_checkpoint_file,
     parse_checkpoint,
+    roll_back_checkpoints,
 )
-from fedmerge.run.results import CHECKPOINT_DIR
+from fedmerge.run.results import CHECKPOINT_DIR, CONFIG_FILE, METRICS_FILE, RunStore
 
 RESUME_OVERRIDABLE = {"rounds", "device", "eval_batch_size", "workers", "state.cache_size", "keep_freed_memory"}
 
@@ -51,9 +55,88 @@ def resume_checkpoint(run_dir: Path, cfg: BaseModel, file: str | None = None) ->
             f"{folder / LATEST} is missing but checkpoints remain (newest: {newest.name}); to continue from it: "
             f"fedmerge run --resume {run_dir} --checkpoint {newest.name}"
         )
-    if ckpt.meta.get("config_digest") != config_digest(cfg) or (ckpt.client_store is None) != with_clients:
+    if not continues(ckpt, cfg):
         raise ConfigError(f"{run_dir}: config.yaml no longer matches the checkpoint; refusing to resume")
     return ckpt
+
+
+def continues(ckpt: Checkpoint, cfg: BaseModel) -> bool:
+    """Whether ``ckpt`` was made by ``cfg``'s run, with client states where ``cfg`` keeps them."""
+    with_clients = getattr(cfg, "state", None) is None
+    return ckpt.meta.get("config_digest") == config_digest(cfg) and (ckpt.client_store is None) == with_clients
+
+
+def roll_back_to_records(
+    run_dir: Path, cfg: BaseModel, ckpt: Checkpoint | None, recorded: int
+) -> tuple[Checkpoint | None, str | None]:
+    """The checkpoint to continue from so that no round's record is lost, and a one-line notice when that
+    meant rolling back. ``recorded``: rounds 1..recorded have whole rows in ``metrics.jsonl``. A checkpoint
+    past them (its rows cut by a crash or a copy) would leave those rounds without a record forever; the
+    newest checkpoint within them is taken instead (none: the run starts over), and the rounds after it are
+    made again, bit-identical. The checkpoint files past it are deleted and ``latest.json`` names it."""
+    start = ckpt.round if ckpt is not None else 0
+    if start <= recorded:
+        return ckpt, None
+    folder = run_dir / CHECKPOINT_DIR
+    with_clients = getattr(cfg, "state", None) is None
+    older = None
+    for rnd, path in reversed(checkpoint_files(folder).items()):
+        if rnd > recorded:
+            continue
+        try:
+            candidate = parse_checkpoint(path, None, with_clients)  # written whole (write-then-rename)
+        except CheckpointError:
+            continue
+        if continues(candidate, cfg):
+            older = candidate
+            break
+    back_to = older.round if older is not None else 0
+    roll_back_checkpoints(folder, back_to)
+    where = f"the checkpoint of round {back_to}" if older is not None else "the start (no checkpoint before it)"
+    again = f"round {start} is" if back_to + 1 == start else f"rounds {back_to + 1}-{start} are"
+    return older, (
+        f"{run_dir / METRICS_FILE}: the record of round {recorded + 1} is cut or missing; rolled back to {where}, "
+        f"{again} made again"
+    )
+
+
+def planned_rounds(run_dir: Path) -> int:
+    """The ``rounds`` of the run's ``config.yaml`` (0 when it cannot be read: the resume refuses it later)."""
+    try:
+        rounds = yaml.safe_load((run_dir / CONFIG_FILE).read_text()).get("rounds", 0)
+    except (OSError, ValueError, AttributeError, yaml.YAMLError):
+        return 0
+    return rounds if isinstance(rounds, int) else 0
+
+
+def check_not_shortened(run_dir: Path, cfg: BaseModel, ckpt: Checkpoint | None) -> None:
+    """A resume adds rounds, never takes any away: ``rounds`` below those the run was started (or last
+    extended) with, or below those it has made, is refused."""
+    has = max(planned_rounds(run_dir), ckpt.round if ckpt is not None else 0, RunStore(run_dir).recorded_rounds())
+    if cfg.rounds < has:
+        raise ConfigError(
+            f"--resume {run_dir} rounds={cfg.rounds}: the run has {has} rounds; a resume can add rounds, never "
+            "take them away"
+        )
+
+
+def finished_summary(run_dir: Path, cfg: BaseModel, ckpt: Checkpoint | None) -> dict[str, Any] | None:
+    """The run's summary when it has already made every round ``cfg`` asks for and written it (resuming
+    it changes nothing); None when there is something left to do."""
+    store = RunStore(run_dir)
+    summary = store.read_summary()
+    if ckpt is None or summary is None or ckpt.round < cfg.rounds or store.recorded_rounds() < ckpt.round:
+        return None
+    return summary
+
+
+def keep_rounds_in_config(store: RunStore, rounds: int) -> None:
+    """Write ``rounds`` into the run's ``config.yaml`` when a resume extends the run, so that the file
+    describes the run (and a later plain ``--resume`` continues to the new end)."""
+    if planned_rounds(store.dir) == rounds:
+        return
+    saved = load_config(store.read_config_path())
+    store.write_config(to_yaml(saved.model_copy(update={"rounds": rounds})))
 
 
 def latest_names(folder: Path, file: str) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ from pydantic import BaseModel
 from fedmerge.algorithms.privacy import build_algorithm, clients_per_round, privacy_problem
 from fedmerge.config.schema import ConfigError, config_warnings, load_config
 from fedmerge.config.tuned import load_tuned_config
+from fedmerge.core.checkpoint import atomic_write_bytes
 from fedmerge.core.loop import Newcomers, Schedule
 from fedmerge.data import FederatedDataset
 from fedmerge.engines.memory import keep_freed_memory
@@ -27,10 +29,18 @@ from fedmerge.run.engine_setup import (
     require_flower,
     server_test,
 )
+from fedmerge.run.folder_lock import writing_run_folder
 from fedmerge.run.prepare import check_compatibility, data_warnings, load_data, resolve_device, without_test
 from fedmerge.run.recorder import Notify, RunResult, Segment, record_rounds
-from fedmerge.run.results import CONFIG_FILE, FEDERATION_FILE, RunStore, new_run_dir
-from fedmerge.run.resume import RESUME_OVERRIDABLE, resume_checkpoint
+from fedmerge.run.results import CONFIG_FILE, FEDERATION_FILE, RunStore, check_new_run_folder, new_run_dir
+from fedmerge.run.resume import (
+    RESUME_OVERRIDABLE,
+    check_not_shortened,
+    finished_summary,
+    keep_rounds_in_config,
+    resume_checkpoint,
+    roll_back_to_records,
+)
 from fedmerge.run.summary import TIMING_KEYS
 from fedmerge.run.tensorboard_log import require_tensorboard
 
@@ -82,7 +92,36 @@ def run_experiment(
     ``data``: a dataset already built (benchmarks), used instead of loading ``cfg``'s.
     ``invocation``: what the user asked for (``command`` and details), recorded in ``provenance.jsonl``
     instead of this process's command line (a ServerApp's holds its token, which no file may hold).
+
+    The run folder is this process's alone while it runs (``folder_lock``): from before a resume reads
+    it, or from its creation, to the end; another writer is refused in one line.
     """
+    with ExitStack() as held:
+        return _run_experiment(
+            held, cfg, run_dir, resume=resume, show_progress=show_progress, stop_after=stop_after, grid=grid,
+            deployment=deployment, pooled_test=pooled_test, checkpoint=checkpoint, notify=notify,
+            withhold_test=withhold_test, data=data, invocation=invocation,
+        )  # fmt: skip
+
+
+def _run_experiment(
+    held: ExitStack,
+    cfg: BaseModel,
+    run_dir: str | Path | None,
+    *,
+    resume: bool,
+    show_progress: bool,
+    stop_after: int | None,
+    grid: Any,
+    deployment: bool,
+    pooled_test: str | None,
+    checkpoint: str | None,
+    notify: Notify | None,
+    withhold_test: bool,
+    data: FederatedDataset | None,
+    invocation: dict[str, Any] | None,
+) -> RunResult:
+    """:func:`run_experiment`, its run folder's lock entered on ``held``."""
     notify = notify or (lambda message: None)
     if cfg.engine == "flower":
         require_flower(simulation=grid is None)
@@ -99,6 +138,8 @@ def run_experiment(
         raise ConfigError("unseen: onboards the clients that never train; set split.unseen_clients too, or remove it")
     if cfg.state is not None and (cfg.engine != "local" or grid is not None):
         raise ConfigError("state (client states on disk) applies to engine=local; remove it for engine=flower")
+    if not resume and run_dir is not None:
+        check_new_run_folder(run_dir)  # refused before anything is loaded; again once the folder is ours
     for warning in config_warnings(cfg):
         notify(f"warning: {warning}")
     ckpt = None
@@ -111,7 +152,18 @@ def run_experiment(
                 "stayed in the simulation's memory, which secure aggregation keeps from the server's checkpoints "
                 "(a deployment keeps them on the nodes' disks and resumes); start it again"
             )
+        held.enter_context(writing_run_folder(run_dir))  # before anything that another writer could change
         ckpt = resume_checkpoint(Path(run_dir), cfg, checkpoint)
+        check_not_shortened(Path(run_dir), cfg, ckpt)
+        ckpt, rolled_back = roll_back_to_records(Path(run_dir), cfg, ckpt, RunStore(run_dir).recorded_rounds())
+        if rolled_back is not None:
+            notify(rolled_back)
+        elif checkpoint is None and (summary := finished_summary(Path(run_dir), cfg, ckpt)) is not None:
+            notify(
+                f"{run_dir} already finished its {cfg.rounds} rounds; nothing changed (to add rounds: rounds=N; "
+                "to make rounds again: --checkpoint FILE)"
+            )
+            return RunResult(Path(run_dir), summary, ckpt.server_state)
     if cfg.log is not None and cfg.log.tensorboard:
         require_tensorboard()
     device = resolve_device(cfg.device)
@@ -202,8 +254,14 @@ def run_experiment(
         if problem is not None:
             raise ConfigError(problem)
     store = RunStore(run_dir if run_dir is not None else new_run_dir(cfg.output_dir, cfg.name))
+    if not resume:
+        held.enter_context(writing_run_folder(store.dir))
+        check_new_run_folder(store.dir)  # a writer that got here first
+    else:
+        keep_rounds_in_config(store, cfg.rounds)  # an extended run's config.yaml says how long it is
     if federation is not None:
-        (store.dir / FEDERATION_FILE).write_text(json.dumps(federation_summary(federation), indent=1) + "\n")
+        summary = json.dumps(federation_summary(federation), indent=1) + "\n"
+        atomic_write_bytes(store.dir / FEDERATION_FILE, summary.encode())
         federation.pooled_test = pooled
     try:
         with (
@@ -279,8 +337,8 @@ def run_from_files(
             invocation=invocation,
         )
     cfg = load_tuned_config(config_path, overrides, tuned) if tuned else load_config(config_path, overrides)
-    if run_dir is not None and (Path(run_dir) / CONFIG_FILE).exists():
-        raise ConfigError(f"--out {run_dir} already holds a run; to continue it: fedmerge run --resume {run_dir}")
+    if run_dir is not None:
+        check_new_run_folder(run_dir, "--out")
     return run_experiment(
         cfg,
         run_dir,

@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from fedmerge.config.schema import ConfigError
+from fedmerge.run.results import TENSORBOARD_DIR
 
 INSTALL_HINT = "log.tensorboard needs TensorBoard: pip install -e '.[tensorboard]'"
-FOLDER = "tensorboard"
+FOLDER = TENSORBOARD_DIR
 # (summary key, statistic) -> tag
 SCALARS = {
     ("test_acc", "mean"): "test/acc_mean",
