@@ -378,3 +378,38 @@ else:
     status.write_text("finished:completed|")
     assert CliRunner().invoke(app, ["deploy", "run", "secure", "--resume", "/srv/runs/x"]).exit_code == 0
     assert 'resume="/srv/runs/x"' in json.loads(calls.read_text().splitlines()[-3])[4]
+
+
+def test_a_deployed_run_with_another_seed_than_the_exports_is_refused_and_config_yaml_names_the_export(
+    tmp_path, task_identity, monkeypatch, capsys
+):
+    """Files from ``fedmerge export-clients`` record the data config and seed they come from. A run whose
+    seed is another is refused before round 1 (its config.yaml would not reproduce it); one with the
+    export's seed records the export's data sections in config.yaml, whatever the server's config said."""
+    from typer.testing import CliRunner
+
+    from fedmerge.apps.flower import DeploymentFailed
+    from fedmerge.cli import app
+
+    data_args = ["dataset.name=digits", "partition.num_clients=3", "partition.alpha=5.0", "seed=3"]
+    result = CliRunner().invoke(app, ["export-clients", *data_args, "--no-progress", str(tmp_path / "clients")])
+    assert result.exit_code == 0, result.output
+    files = sorted((tmp_path / "clients").glob("client-*.safetensors"))
+    out = tmp_path / "runs"
+    training = "rounds=1 algorithm.local_epochs=1"
+    with pytest.raises(DeploymentFailed) as stop:
+        server_app(NodeGrid(files, tmp_path / "state"), {"overrides": training, "output-dir": str(out)}, monkeypatch)
+    assert str(stop.value) == (
+        "the run's seed 0 is not the seed 3 the SuperNodes' client files were exported with; run with seed=3, "
+        "or export the clients again with seed=0"
+    )
+    assert capsys.readouterr().out.strip().splitlines() == [f"fedmerge: error: {stop.value}"]
+    assert not out.exists()
+
+    server_app(
+        NodeGrid(files, tmp_path / "state"), {"overrides": f"{training} seed=3", "output-dir": str(out)}, monkeypatch
+    )
+    (run_dir,) = out.iterdir()
+    written = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert written["seed"] == 3 and written["partition"]["alpha"] == 5.0  # the server's default says 0.5
+    assert written["partition"]["num_clients"] == 3 and written["dataset"]["name"] == "digits"
