@@ -243,7 +243,7 @@ def run_from_files(
                 f"cannot change {bad[0].partition('=')[0] if bad else 'the config file'} when resuming; "
                 f"only {sorted(RESUME_OVERRIDABLE)} may be overridden"
             )
-        cfg = load_config(store.read_config_path(), overrides)
+        cfg = load_config(store.read_config_path(), overrides, resolve_paths=False)  # as recorded
         return run_experiment(
             cfg,
             store.dir,
