@@ -246,11 +246,19 @@ def _experiment_model(version: int) -> type[BaseModel]:
 def parse_override(text: str) -> tuple[list[str], Any]:
     """``a.b.c=value`` -> (["a","b","c"], yaml-parsed value)."""
     key, sep, raw = text.partition("=")
+    if not sep and (text.lower().endswith((".yaml", ".yml")) or Path(text).is_file()):
+        raise ConfigError(f"{text}: a config file comes first, before any key=value override")
     if not sep or not key or any(not part for part in key.split(".")):
         raise ConfigError(f"override {text!r}: expected key.path=value")
     try:
         value = yaml.safe_load(raw) if raw.strip() else None
     except yaml.YAMLError:
+        opened = raw.strip()[:1]
+        closing = {"[": "]", "{": "}"}.get(opened)
+        if closing is not None and not raw.rstrip().endswith(closing):  # a list cut short, not a name
+            raise ConfigError(
+                f"override {text!r}: the {opened} is never closed; end the value with {closing}"
+            ) from None
         value = raw
     return key.split("."), value
 

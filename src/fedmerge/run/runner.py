@@ -233,6 +233,8 @@ def run_from_files(
     if resume_dir is not None and (run_dir is not None or tuned is not None):
         raise ConfigError(f"{'--out' if run_dir is not None else '--tuned'} does not apply with --resume")
     if resume_dir is not None:
+        if not Path(resume_dir).exists():
+            raise ConfigError(f"--resume {resume_dir}: the folder does not exist")
         if not (Path(resume_dir) / CONFIG_FILE).is_file():
             raise ConfigError(f"--resume {resume_dir}: no {CONFIG_FILE} there; is it a run folder?")
         check_resume_place(Path(resume_dir), deployment)
