@@ -244,10 +244,15 @@ def test_deploy_node_exits_non_zero_when_the_supernode_stops_unasked(tmp_path, c
     assert "401 Unauthorized" in capsys.readouterr().out
     assert said == [
         f"error: {refused} exited with status 0 but the SuperLink refused this node; exiting with 1 so that a "
-        "service manager (Restart=on-failure) starts it again"
+        "service manager (Restart=on-failure) starts it again; its last line: httpx.HTTPStatusError: 401 Unauthorized"
     ]
-    assert supervise([fake_program(tmp_path, "bad", "sys.exit(202)")], said.append) == 202
-    assert supervise([fake_program(tmp_path, "killed", "import os; os.kill(os.getpid(), 9)")], said.append) == 137
+    bad = fake_program(tmp_path, "bad", "sys.exit(202)")
+    assert supervise([bad], said.append) == 202
+    assert said[-1] == f"error: {bad} exited with status 202; it printed nothing"
+    killed = fake_program(tmp_path, "killed", "print('bye', flush=True); import os; os.kill(os.getpid(), 9)")
+    assert supervise([killed], said.append) == 137
+    assert said[-1] == f"error: {killed} was killed by signal 9; its last line: bye"
+    said.clear()
 
     waits = fake_program(
         tmp_path,
@@ -263,7 +268,73 @@ def test_deploy_node_exits_non_zero_when_the_supernode_stops_unasked(tmp_path, c
     finally:
         timer.cancel()
     assert time.monotonic() - started < 20  # the child was stopped, not waited for
-    assert len(said) == 1
+    assert said == []  # asked: no error line
+
+
+def _alive(pid: int) -> bool:
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie (exited, not yet reaped by init) is gone for our purpose
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
+
+
+FLOWER_2004 = (
+    "ERROR :   Exit Code: 305\n[code: 2004] Failed to activate SuperNode.\n"
+    "The SuperNode could not establish a connection to the SuperLink."
+)
+
+
+def test_deploy_node_exits_within_seconds_when_a_grandchild_keeps_its_output_open(tmp_path, capsys):
+    """Flower 1.41's SuperNode, refused by its SuperLink, exits and leaves its ``flower-superexec``
+    running with the same stdout: the wrapper waits for the child's exit, not for the end of the pipe,
+    ends the whole process group and exits 1 within seconds, repeating the child's last line."""
+    from fedmerge.apps.deploy import supervise
+
+    pid_file = tmp_path / "grandchild.pid"
+    supernode = fake_program(
+        tmp_path,
+        "supernode",
+        f"""
+import subprocess
+grandchild = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])  # inherits stdout
+open({str(pid_file)!r}, "w").write(str(grandchild.pid))
+print({FLOWER_2004!r}, flush=True)
+sys.exit(1)
+""",
+    )
+    said: list[str] = []
+    started = time.monotonic()
+    assert supervise([supernode], said.append) == 1
+    assert time.monotonic() - started < 10
+    assert said == [
+        f"error: {supernode} exited with status 1; its last line: "
+        "The SuperNode could not establish a connection to the SuperLink."
+    ]
+    assert "[code: 2004] Failed to activate SuperNode." in capsys.readouterr().out
+    grandchild = int(pid_file.read_text())
+    deadline = time.monotonic() + 5
+    while _alive(grandchild) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(grandchild)
+
+
+def test_deploy_node_without_a_superlink_is_refused_in_one_line():
+    """flower-supernode without --superlink retries a default address forever and never names it."""
+    from typer.testing import CliRunner
+
+    from fedmerge.cli import app
+
+    result = CliRunner().invoke(app, ["deploy", "node", "--insecure", "--node-config", 'data-path="x"'])
+    assert result.exit_code == 2
+    assert result.output.strip() == (
+        "error: fedmerge deploy node needs --superlink HOST:PORT, the SuperLink's Fleet API address"
+    )
 
 
 def test_deploy_run_exits_with_the_runs_outcome(tmp_path, monkeypatch, capsys):
@@ -307,3 +378,38 @@ else:
     status.write_text("finished:completed|")
     assert CliRunner().invoke(app, ["deploy", "run", "secure", "--resume", "/srv/runs/x"]).exit_code == 0
     assert 'resume="/srv/runs/x"' in json.loads(calls.read_text().splitlines()[-3])[4]
+
+
+def test_a_deployed_run_with_another_seed_than_the_exports_is_refused_and_config_yaml_names_the_export(
+    tmp_path, task_identity, monkeypatch, capsys
+):
+    """Files from ``fedmerge export-clients`` record the data config and seed they come from. A run whose
+    seed is another is refused before round 1 (its config.yaml would not reproduce it); one with the
+    export's seed records the export's data sections in config.yaml, whatever the server's config said."""
+    from typer.testing import CliRunner
+
+    from fedmerge.apps.flower import DeploymentFailed
+    from fedmerge.cli import app
+
+    data_args = ["dataset.name=digits", "partition.num_clients=3", "partition.alpha=5.0", "seed=3"]
+    result = CliRunner().invoke(app, ["export-clients", *data_args, "--no-progress", str(tmp_path / "clients")])
+    assert result.exit_code == 0, result.output
+    files = sorted((tmp_path / "clients").glob("client-*.safetensors"))
+    out = tmp_path / "runs"
+    training = "rounds=1 algorithm.local_epochs=1"
+    with pytest.raises(DeploymentFailed) as stop:
+        server_app(NodeGrid(files, tmp_path / "state"), {"overrides": training, "output-dir": str(out)}, monkeypatch)
+    assert str(stop.value) == (
+        "the run's seed 0 is not the seed 3 the SuperNodes' client files were exported with; run with seed=3, "
+        "or export the clients again with seed=0"
+    )
+    assert capsys.readouterr().out.strip().splitlines() == [f"fedmerge: error: {stop.value}"]
+    assert not out.exists()
+
+    server_app(
+        NodeGrid(files, tmp_path / "state"), {"overrides": f"{training} seed=3", "output-dir": str(out)}, monkeypatch
+    )
+    (run_dir,) = out.iterdir()
+    written = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert written["seed"] == 3 and written["partition"]["alpha"] == 5.0  # the server's default says 0.5
+    assert written["partition"]["num_clients"] == 3 and written["dataset"]["name"] == "digits"

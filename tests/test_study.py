@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from golden import in_order_close, json_close
 from typer.testing import CliRunner
 
 from fedmerge.cli import app
@@ -296,13 +297,15 @@ def test_running_the_study_and_then_its_revision_gives_the_old_scripts_reports(t
         md, js = expected(name)
         results = md[md.index("## Results") :]
         got = (tmp_path / f"{out}.md").read_text()
-        assert in_order(commit.sub("| C |", results).splitlines(), commit.sub("| C |", got).splitlines())
+        # figures recomputed on this machine: within float32 rounding of the golden's (tests/golden.py)
+        assert in_order_close(commit.sub("| C |", results).splitlines(), commit.sub("| C |", got).splitlines())
         assert "The check reads validation data only" in got
         data, old = json.loads((tmp_path / f"{out}.json").read_text()), json.loads(js)
         assert [c["split"] for c in data["regime"]] == ["val", "val"]
         for label, row in data["rows"].items():
             assert row["noise_floor"] > 0  # fresh runs hold per-client test sizes
-            assert {k: v for k, v in row.items() if k not in ("budget_total", "noise_floor")} == old["rows"][label]
+            fresh = {k: v for k, v in row.items() if k not in ("budget_total", "noise_floor")}
+            assert json_close(fresh, old["rows"][label])
     status = [json.loads(line) for line in (tmp_path / "runs/repro/study_tiny/status.jsonl").read_text().splitlines()]
     assert [s["status"] for s in status] == ["done"] * 6
     assert (tmp_path / "runs/repro/study_tiny/logs/local-g0-s1.log").read_text().startswith("$ ")

@@ -4,15 +4,18 @@
   ``flwr log --stream`` shows it, then the run's final status from ``flwr ls``: exit status 0 only when
   the run completed, else 1 with the ServerApp's one-line reason. (Flower 1.41's ``flwr run --stream``
   exits 0 whatever becomes of the run.)
-- :func:`supervise` (``fedmerge deploy node``): ``flower-supernode`` as a child process, with an exit
-  status a service manager can act on: a SuperNode that stops by itself is a failure (1, or its own
-  non-zero status), one that was asked to stop is not (0). (Flower 1.41's SuperNode exits 0 when the
-  SuperLink refuses it with 401, e.g. after a restart that lost its registrations.)
+- :func:`supervise` (``fedmerge deploy node``): ``flower-supernode`` as a child process in its own
+  process group, with an exit status a service manager can act on: a SuperNode that stops by itself is
+  a failure (1, or its own non-zero status), one that was asked to stop is not (0); either way its whole
+  group is ended within seconds. (Flower 1.41's SuperNode exits 0 when the SuperLink refuses it with
+  401, e.g. after a restart that lost its registrations, and may leave its ``flower-superexec`` behind.)
 """
 
 from __future__ import annotations
 
 import json
+import os
+import select
 import shlex
 import shutil
 import signal
@@ -20,6 +23,8 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO
@@ -130,42 +135,126 @@ def launch(superlink: str | None, values: dict[str, str], say: Say, app: Path | 
 
 
 # --- a SuperNode a service manager can restart -------------------------------------------------------
-REFUSED = ("401 Unauthorized", "could not be activated", "must be registered")
+# Flower 1.41's lines when the SuperLink will not have this node: a 401 on a heartbeat (a restart that lost
+# the registrations), an unregistered key (2001) or a key not yet let in again (2004)
+REFUSED = ("401 Unauthorized", "could not be activated", "must be registered", "Failed to activate SuperNode")
+LAST_LINES = 5  # the child's lines a failure repeats (its output also went through as it came)
+GRACE_S = 2.0  # after the child exits: for the rest of its output, then for its group to stop on SIGTERM
+
+
+def superlink_given(args: list[str]) -> bool:
+    """Whether ``flower-supernode`` ``args`` name a SuperLink (else it retries a default address forever)."""
+    return any(a == "--superlink" or a.startswith("--superlink=") for a in args)
+
+
+def _signal_group(pgid: int, signum: int) -> None:
+    try:
+        os.killpg(pgid, signum)
+    except (ProcessLookupError, PermissionError):  # the group is already gone
+        pass
+
+
+def _end_group(pgid: int) -> None:
+    """Stop what the child left in its process group (SuperExec, ClientApps): SIGTERM, then SIGKILL."""
+    _signal_group(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + GRACE_S
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return
+        time.sleep(0.05)
+    _signal_group(pgid, signal.SIGKILL)
+
+
+class _Output:
+    """The child's output, read from its pipe without blocking: passed through, its last lines kept."""
+
+    def __init__(self, fd: int, out: IO[str]) -> None:
+        self.fd, self.out, self.partial = fd, out, b""
+        self.last: deque[str] = deque(maxlen=LAST_LINES)
+        self.refused = False
+        self.closed = False
+
+    def read(self, timeout: float) -> None:
+        """Pass on what arrives within ``timeout`` seconds (at once when there is something)."""
+        if self.closed:  # nothing more will come: just wait
+            time.sleep(timeout)
+            return
+        if not select.select([self.fd], [], [], timeout)[0]:
+            return
+        try:
+            data = os.read(self.fd, 65536)
+        except InterruptedError:  # a signal: the caller loops
+            return
+        if not data:
+            self.closed = True
+            data, self.partial = self.partial, b""
+            if data:
+                data += b"\n"
+        lines = (self.partial + data).split(b"\n")
+        self.partial = lines.pop()
+        for raw in lines:
+            line = raw.decode(errors="replace")
+            self.out.write(line + "\n")
+            if line.strip():
+                self.last.append(line.strip())
+            self.refused = self.refused or any(marker in line for marker in REFUSED)
+        self.out.flush()
+
+    def drain(self, seconds: float) -> None:
+        """Read until the pipe ends or ``seconds`` pass (a grandchild may hold it open)."""
+        deadline = time.monotonic() + seconds
+        while not self.closed and time.monotonic() < deadline:
+            self.read(max(deadline - time.monotonic(), 0))
 
 
 def supervise(argv: list[str], say: Say, out: IO[str] | None = None) -> int:
-    """Run ``argv`` (``flower-supernode ...``), passing its output through and SIGTERM/SIGINT on to it.
-    Returns its exit status, except that a clean exit nobody asked for becomes 1, with one line saying
-    whether the SuperLink refused this node (a restart lost its registration, or its key was removed)."""
+    """Run ``argv`` (``flower-supernode ...``) in its own process group, passing its output through and
+    SIGTERM/SIGINT on to the group. When the child exits, for any reason, its whole group is ended and
+    this returns within seconds: its exit status, except that a clean exit nobody asked for becomes 1.
+    Every unasked exit ends with one line that says why, with the child's last line.
+
+    The child's exit is what is waited for, not the end of its output: a grandchild
+    (``flower-superexec``) can outlive it holding the pipe open, and reading to EOF would never return."""
     out = out or sys.stdout
-    child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+    child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    assert child.stdout is not None
+    output = _Output(child.stdout.fileno(), out)
     asked = threading.Event()
-    refused = threading.Event()
 
     def forward(signum: int, _frame) -> None:
         asked.set()
-        if child.poll() is None:
-            child.send_signal(signum)
+        _signal_group(child.pid, signum)
 
     previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        assert child.stdout is not None
-        for line in child.stdout:
-            out.write(line)
-            out.flush()
-            if any(marker in line for marker in REFUSED):
-                refused.set()
-        code = child.wait()
+        while child.poll() is None:  # short waits, so that a signal is forwarded at once
+            output.read(0.2)
+        output.drain(GRACE_S)  # the rest of its output
+        _end_group(child.pid)
+        output.drain(GRACE_S)  # what the group printed as it stopped
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+        if child.poll() is None:  # interrupted by an exception: leave nothing behind
+            _end_group(child.pid)
+            child.wait()
+        child.stdout.close()
+    code = child.returncode
+    if asked.is_set() and code in (0, -signal.SIGTERM, -signal.SIGINT):
+        return 0 if code == 0 else 128 - code
+    name = shlex.join(argv[:1])
+    tail = f"; its last line: {output.last[-1]}" if output.last else "; it printed nothing"
     if code < 0:  # killed by a signal: the shell's convention
+        say(f"error: {name} was killed by signal {-code}{tail}")
         return 128 - code
-    if code != 0 or asked.is_set():
+    if code != 0:
+        say(f"error: {name} exited with status {code}{tail}")
         return code
-    why = "the SuperLink refused this node" if refused.is_set() else "it stopped by itself"
+    why = "the SuperLink refused this node" if output.refused else "it stopped by itself"
     say(
-        f"error: {shlex.join(argv[:1])} exited with status 0 but {why}; exiting with 1 so that a service "
-        "manager (Restart=on-failure) starts it again"
+        f"error: {name} exited with status 0 but {why}; exiting with 1 so that a service "
+        f"manager (Restart=on-failure) starts it again{tail}"
     )
     return 1

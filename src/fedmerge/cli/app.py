@@ -76,8 +76,23 @@ def system_problem(exc: BaseException) -> str | None:
     """One line for an OSError that the user's machine caused (:data:`SYSTEM_ERRNOS`), else None."""
     if not isinstance(exc, OSError) or exc.errno not in SYSTEM_ERRNOS:
         return None
-    fix = "free some space" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else "choose a writable place"
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        fix = "free some space"
+    elif _unreadable(exc.filename):  # an input, not a place to write
+        fix = "it cannot be read: change its permissions, or give another file"
+    else:
+        fix = "choose a writable place"
     return f"{reason(exc)} ({fix})"
+
+
+def _unreadable(filename: object) -> bool:
+    import os
+
+    return (
+        isinstance(filename, str | bytes | os.PathLike)
+        and os.path.exists(filename)
+        and not os.access(filename, os.R_OK)
+    )
 
 
 def stopped_run(exc: BaseException, what: str) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import typer
@@ -73,12 +74,15 @@ def export_clients_cmd(
         check_out_dir(out_dir, force=force)  # before the (slow) data build
         data = load_data(cfg)
         sections = {"dataset", "partition", "split", "noise", "seed"}
-        digest = source_digest(cfg.model_dump(mode="json", include=sections, exclude=defaults_left_out(cfg)))
+        data_config = cfg.model_dump(mode="json", include=sections, exclude=defaults_left_out(cfg))
+        digest = source_digest(data_config)
+        data_config["dataset"].pop("data_dir", None)  # where the data sat is no part of it
+        source = json.dumps(data_config, sort_keys=True)
         columns = (TextColumn("export-clients"), BarColumn(), MofNCompleteColumn())
         with Progress(*columns, console=err, transient=True, disable=not progress) as bar:
             task = bar.add_task("", total=data.num_clients)
             paths = export_clients(
-                data, out_dir, source_digest=digest, force=force, on_written=lambda _: bar.advance(task)
+                data, out_dir, source_digest=digest, source=source, force=force, on_written=lambda _: bar.advance(task)
             )
         if pooled_test:
             write_pooled_test(data, out_dir / POOLED_FILE, digest)

@@ -41,6 +41,11 @@ def fetch(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bars"),
 ) -> None:
     """Download NAME's files, verify each against its pinned checksum, keep them in the cache."""
+    if name not in CATALOG.names():  # an input error (2), unlike a failed download (1)
+        from fedmerge.config.schema_docs import did_you_mean
+
+        close = did_you_mean(name, CATALOG.names())
+        fail(f"no downloadable dataset {name!r}{close or '; known: ' + ', '.join(CATALOG.names())}", 2)
     try:
         folder = fetch_dataset(name, dir, progressbar=not quiet)
     except DataUnavailable as exc:

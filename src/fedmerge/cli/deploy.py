@@ -84,9 +84,13 @@ def run_cmd(
     "node", context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
 )
 def node_cmd(ctx: typer.Context) -> None:
-    """flower-supernode with these arguments; exits non-zero when it stops unasked (refused by its SuperLink)."""
-    from fedmerge.apps.deploy import LaunchError, flower_command, supervise
+    """flower-supernode with these arguments (--superlink required); exits non-zero within seconds when it
+    stops unasked (refused by its SuperLink), after ending its whole process group."""
+    from fedmerge.apps.deploy import LaunchError, flower_command, superlink_given, supervise
 
+    if not superlink_given(ctx.args) and not {"-h", "--help", "-V", "--version"} & set(ctx.args):
+        # flower-supernode would retry its default address forever, never naming it
+        fail("fedmerge deploy node needs --superlink HOST:PORT, the SuperLink's Fleet API address", 2)
     try:
         argv = [flower_command("flower-supernode"), *ctx.args]
     except LaunchError as exc:

@@ -60,6 +60,16 @@ def plot_merge_weights_cmd(
     out.print(f"plot saved to {path}", soft_wrap=True, highlight=False)
 
 
+def _plot_error(exc: Exception, out_path: Path | None) -> str:
+    """One line; it names ``--out`` only when writing there failed (a run folder that cannot be read is
+    no fault of --out, which the user may not even have given)."""
+    failed = getattr(exc, "filename", None)
+    out = Path(out_path) if out_path is not None else None
+    if isinstance(exc, OSError) and out is not None and failed is not None and Path(failed) in (out, *out.parents):
+        return f"--out {out_path}: {reason(exc)}"
+    return reason(exc)
+
+
 @plot_app.command("lambda")
 def plot_lambda_cmd(
     run_dir: Path = typer.Argument(..., help="a SuPerFed run folder"),
@@ -72,7 +82,7 @@ def plot_lambda_cmd(
     try:
         path = plot_lambda(run_dir, out_path, split=split)
     except (OSError, ValueError) as exc:  # OSError: an unwritable --out
-        fail(f"--out {out_path}: {reason(exc)}" if isinstance(exc, OSError) else reason(exc), 2)
+        fail(_plot_error(exc, out_path), 2)
     out.print(f"plot saved to {path}", soft_wrap=True, highlight=False)
 
 
@@ -87,7 +97,7 @@ def plot_budget_cmd(
     try:
         path = plot_budget(run_dirs, out_path)
     except (OSError, ValueError) as exc:  # OSError: an unwritable --out
-        fail(f"--out {out_path}: {reason(exc)}" if isinstance(exc, OSError) else reason(exc), 2)
+        fail(_plot_error(exc, out_path), 2)
     out.print(f"plot saved to {path}", soft_wrap=True, highlight=False)
 
 

@@ -7,6 +7,7 @@ with a one-line message naming the key path.
 
 from __future__ import annotations
 
+import os
 import re
 from functools import lru_cache
 from pathlib import Path
@@ -26,6 +27,7 @@ from pydantic import (
 
 from fedmerge.algorithms import ALGORITHMS
 from fedmerge.algorithms.privacy import PrivacySettings
+from fedmerge.config import strict_yaml
 from fedmerge.config.schema_docs import did_you_mean, keys_at
 from fedmerge.core.algorithm import BUILTIN_DEFAULTS
 from fedmerge.core.loop import EVAL_CLIENTS_HELP, parse_eval_clients
@@ -244,11 +246,19 @@ def _experiment_model(version: int) -> type[BaseModel]:
 def parse_override(text: str) -> tuple[list[str], Any]:
     """``a.b.c=value`` -> (["a","b","c"], yaml-parsed value)."""
     key, sep, raw = text.partition("=")
+    if not sep and (text.lower().endswith((".yaml", ".yml")) or Path(text).is_file()):
+        raise ConfigError(f"{text}: a config file comes first, before any key=value override")
     if not sep or not key or any(not part for part in key.split(".")):
         raise ConfigError(f"override {text!r}: expected key.path=value")
     try:
         value = yaml.safe_load(raw) if raw.strip() else None
     except yaml.YAMLError:
+        opened = raw.strip()[:1]
+        closing = {"[": "]", "{": "}"}.get(opened)
+        if closing is not None and not raw.rstrip().endswith(closing):  # a list cut short, not a name
+            raise ConfigError(
+                f"override {text!r}: the {opened} is never closed; end the value with {closing}"
+            ) from None
         value = raw
     return key.split("."), value
 
@@ -357,15 +367,19 @@ def read_yaml(path: Path, what: str = "config file") -> dict[str, Any]:
     if infer_dataset_name(str(path)) in ("npz", "csv") and path.suffix.lower() != ".txt":
         raise ConfigError(f"{path} is a data file, not a config; to train on it: fedmerge run dataset.path={path}")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = strict_yaml.load(path.read_text())
     except OSError as exc:
         raise ConfigError(f"config file {path}: cannot read it ({exc.strerror})") from None
     except UnicodeDecodeError:
         raise ConfigError(f"config file {path}: not a text (YAML) file") from None
+    except strict_yaml.DuplicateKey as exc:  # PyYAML would keep the last one silently
+        raise ConfigError(f"{path} line {exc.line}: key {exc.key!r} is given twice; keep one") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
         raise ConfigError(f"{path}{where}: invalid YAML ({getattr(exc, 'problem', exc)})") from None
+    if data is None:  # empty, or only comments: running the built-in default instead would be a guess
+        raise ConfigError(f"{what} {path} is empty; give it at least one key, or leave it out")
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: top level must be a mapping of keys to values")
     return data
@@ -394,7 +408,29 @@ def load_plugins(modules: Any) -> None:
         raise ConfigError(str(exc)) from None
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> BaseModel:
+# the keys that name a user's files: relative ones are taken from the folder the command runs in
+PATH_KEYS = ("path", "data_dir")
+
+
+def absolute_paths(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` with ``dataset.path`` and ``dataset.data_dir`` made absolute (against the working folder),
+    so that config.yaml names the same files whichever folder a resume or a report later runs in."""
+    section = data.get("dataset")
+    if not isinstance(section, dict):
+        return data
+    fixed = {
+        key: os.path.abspath(os.path.expanduser(value))
+        for key in PATH_KEYS
+        if isinstance(value := section.get(key), str) and value.strip() and not os.path.isabs(value)
+    }
+    return {**data, "dataset": {**section, **fixed}} if fixed else data
+
+
+def load_config(
+    path: str | Path | None = None, overrides: list[str] | None = None, *, resolve_paths: bool = True
+) -> BaseModel:
+    """The config of a file (None: the built-in default) and ``key.path=value`` overrides. ``resolve_paths``:
+    relative dataset paths become absolute (a resume keeps those its run folder recorded: its digest)."""
     user = read_yaml(Path(path)) if path is not None else {}
     data = merge(DEFAULT_CONFIG, user)
     # before the overrides: switching a section to a plugin's component keeps the keys that component accepts
@@ -406,6 +442,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     data = apply_overrides(_deep_copy(data), overrides or [])
     if follows:
         data["name"] = None
+    if resolve_paths:
+        data = absolute_paths(data)
     return validate(data, builtin_algorithm_keys(user, overrides or []))
 
 
@@ -423,9 +461,41 @@ def validate(data: dict[str, Any], builtin_algorithm: frozenset[str] = frozenset
     if data.get("name") is None:
         data = {**data, "name": default_name(data)}
     try:
-        return experiment_model().model_validate(data, context={BUILTIN_DEFAULTS: builtin_algorithm})
+        cfg = experiment_model().model_validate(data, context={BUILTIN_DEFAULTS: builtin_algorithm})
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc, data)) from None
+    if (problem := impossible_setting(cfg)) is not None:
+        raise ConfigError(problem)
+    return cfg
+
+
+# (algorithm, key, what): models of which each client trains only one, so that models beyond the number of
+# training clients are never trained. (FedMerge's global models and FedEM's components are all trained by
+# every client: the paper's own tables run FedMerge d=5 and FedEM M=5 on 4 clients.)
+ONE_MODEL_PER_CLIENT = (("ifca", "num_clusters", "cluster models"),)
+
+
+def impossible_setting(cfg: BaseModel) -> str | None:
+    """A valid-looking setting that cannot work: more IFCA clusters than training clients (each client
+    picks one cluster, so the extra ones would never be trained)."""
+    from fedmerge.data.unseen import unseen_count
+
+    num_clients = getattr(cfg.partition, "num_clients", None)
+    if not isinstance(num_clients, int):
+        return None
+    try:
+        training = num_clients - unseen_count(num_clients, cfg.split.unseen_clients)
+    except ValueError:  # too many unseen clients: reported where the data is built
+        training = num_clients
+    for name, key, what in ONE_MODEL_PER_CLIENT:
+        value = getattr(cfg.algorithm, key, None)
+        if cfg.algorithm.name == name and isinstance(value, int) and value > training:
+            counted = "partition.num_clients" + ("" if training == num_clients else " less split.unseen_clients")
+            return (
+                f"algorithm.{key}={value} asks for more {what} than the {training} clients that train ({counted}); "
+                f"lower algorithm.{key} to at most {training}"
+            )
+    return None
 
 
 def dataset_label(section: Any) -> str:

@@ -4,8 +4,9 @@
 the tensors ``x_train y_train x_val y_val x_test y_test`` (and ``y_train_clean`` with label noise),
 plus string metadata (format, format version, client id, number of clients, group, dataset name,
 number of classes, class names, input shape and dtype, a digest of the data config that produced
-it, and a SHA-256 over the metadata and every tensor). ``load_client_file`` reads exactly one such
-file and needs nothing else; ``check_consistent`` refuses files that cannot belong to one federation.
+it and, from ``fedmerge export-clients``, that data config and seed themselves, and a SHA-256 over the
+metadata and every tensor). ``load_client_file`` reads exactly one such file and needs nothing else;
+``check_consistent`` refuses files that cannot belong to one federation.
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ class ClientFileMeta:
     input_dtype: str
     source_digest: str
     format_version: int
+    # the data sections (dataset, partition, split, noise, seed) of the export, when it recorded them
+    source: dict[str, Any] | None = None
 
 
 def client_file_name(cid: int, num_clients: int) -> str:
@@ -70,7 +73,7 @@ def _checksum(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> str
     return digest.hexdigest()
 
 
-def client_file_bytes(data: FederatedDataset, client: ClientData, source_digest: str = "") -> bytes:
+def client_file_bytes(data: FederatedDataset, client: ClientData, source_digest: str = "", source: str = "") -> bytes:
     """The safetensors bytes of one client's file."""
     tensors = {name: getattr(client, name).detach().cpu().contiguous() for name in SPLITS}
     if client.y_train_clean is not None:
@@ -88,6 +91,8 @@ def client_file_bytes(data: FederatedDataset, client: ClientData, source_digest:
         "input_dtype": str(client.x_train.dtype).removeprefix("torch."),
         "source_digest": source_digest,
     }
+    if source:  # files of older exports lack it (and their checksums cover only what they have)
+        metadata["source"] = source
     metadata["sha256"] = _checksum(tensors, metadata)
     return save_safetensors(tensors, metadata=metadata)
 
@@ -138,6 +143,7 @@ def export_clients(
     out_dir: str | Path,
     *,
     source_digest: str = "",
+    source: str = "",
     force: bool = False,
     on_written: Callable[[Path], None] | None = None,
 ) -> list[Path]:
@@ -152,7 +158,7 @@ def export_clients(
     for client in data.clients:
         path = out_dir / client_file_name(client.cid, data.num_clients)
         try:
-            _write_atomic(path, client_file_bytes(data, client, source_digest))
+            _write_atomic(path, client_file_bytes(data, client, source_digest, source))
         except OSError as exc:
             raise ClientFileError(f"{path}: cannot write: {exc.strerror or exc}") from None
         paths.append(path)
@@ -214,6 +220,7 @@ def _file_meta(path: Path, meta: dict[str, str], client_id: int) -> ClientFileMe
             input_dtype=_meta_value(meta, "input_dtype", path),
             source_digest=meta.get("source_digest", ""),
             format_version=int(meta["format_version"]),
+            source=json.loads(meta["source"]) if meta.get("source") else None,
         )
     except (ValueError, TypeError) as exc:  # a hand-made file with malformed values
         raise ClientFileError(f"{path}: malformed client file metadata: {exc}") from None

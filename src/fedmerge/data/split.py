@@ -7,6 +7,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    field_validator,
     model_validator,
 )
 
@@ -24,13 +25,25 @@ class SplitConfig(BaseModel):
         "training data, or of its group's for cluster/domain partitions; the client's own test_fraction part is "
         "then left unused, so train and val are unchanged. null: the test split is the client's test_fraction",
     )
-    unseen_clients: float = Field(
+    # int | float: a count stays a whole number through every dump (config.yaml, a node's job)
+    unseen_clients: int | float = Field(
         0,
         ge=0,
         description="clients that never train (drawn from the seed, the same for every method): a fraction (< 1) "
         "or a count; each is onboarded after training on its train and val splits and tested on its test split "
         "(unseen: section); 0 = none",
     )
+
+    @field_validator("unseen_clients", mode="before")
+    @classmethod
+    def _count_or_fraction(cls, value: object) -> object:
+        # 1.0 reads as "every client" but would count one: the spelling must say which is meant
+        if isinstance(value, float) and value == 1.0:
+            raise ValueError(
+                "ambiguous: write a count of clients as a whole number (1), a fraction strictly between 0 and 1 "
+                "(e.g. 0.1)"
+            )
+        return value
 
     @model_validator(mode="after")
     def _leaves_training_data(self) -> SplitConfig:

@@ -70,15 +70,29 @@ def federation_summary(federation: Any) -> dict[str, Any]:
     }
 
 
+DATA_SECTIONS = ("dataset", "partition", "split", "noise")  # what fedmerge export-clients records
+
+
 def deployed_config(cfg: BaseModel, federation: Any) -> BaseModel:
     """``cfg`` as the federation that answered the handshake runs it: its number of clients (the nodes'
-    files decide the data, not the server's data sections) and, unless ``name`` was chosen, the name
+    files decide the data, not the server's data sections: those of their export replace them when the files
+    record it, and a seed other than the export's is refused) and, unless ``name`` was chosen, the name
     ALGORITHM-DATASET with the nodes' dataset. Refused in one line when the partition section cannot
     hold that many clients."""
     from fedmerge.config.schema import default_name, validate
 
     data = cfg.model_dump(mode="json", exclude_none=True)
     chosen = cfg.name != default_name(data)
+    source = federation.first.source
+    if source is not None:  # files of fedmerge export-clients name the data config and seed they come from
+        if cfg.seed != source.get("seed", 0):
+            raise ConfigError(
+                f"the run's seed {cfg.seed} is not the seed {source.get('seed', 0)} the SuperNodes' client files "
+                f"were exported with; run with seed={source.get('seed', 0)}, or export the clients again with "
+                f"seed={cfg.seed}"
+            )
+        # config.yaml then describes the data the nodes hold, so that it reproduces the run
+        data |= {k: v for k, v in source.items() if k in DATA_SECTIONS}
     data["partition"] = {**data["partition"], "num_clients": federation.num_clients}
     if not chosen:
         data["name"] = default_name({"algorithm": data["algorithm"], "dataset": {"name": federation.first.dataset}})

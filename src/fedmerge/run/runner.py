@@ -313,6 +313,8 @@ def run_from_files(
     if resume_dir is not None and (run_dir is not None or tuned is not None):
         raise ConfigError(f"{'--out' if run_dir is not None else '--tuned'} does not apply with --resume")
     if resume_dir is not None:
+        if not Path(resume_dir).exists():
+            raise ConfigError(f"--resume {resume_dir}: the folder does not exist")
         if not (Path(resume_dir) / CONFIG_FILE).is_file():
             raise ConfigError(f"--resume {resume_dir}: no {CONFIG_FILE} there; is it a run folder?")
         check_resume_place(Path(resume_dir), deployment)
@@ -323,7 +325,7 @@ def run_from_files(
                 f"cannot change {bad[0].partition('=')[0] if bad else 'the config file'} when resuming; "
                 f"only {sorted(RESUME_OVERRIDABLE)} may be overridden"
             )
-        cfg = load_config(store.read_config_path(), overrides)
+        cfg = load_config(store.read_config_path(), overrides, resolve_paths=False)  # as recorded
         return run_experiment(
             cfg,
             store.dir,

@@ -315,6 +315,11 @@ def load_image_folder(cfg: ImageFolderConfig) -> Pool:
     from PIL import Image, UnidentifiedImageError
 
     root = Path(cfg.path).expanduser()
+    if root.is_file():
+        raise DataUnavailable(
+            f"{root} is a file, not a folder: image_folder reads a folder with one sub-folder of images per class "
+            "(for a .csv or .npz file, give dataset.name=csv or npz, or leave dataset.name out)"
+        )
     if not root.is_dir():
         raise DataUnavailable(f"image folder not found: {root} (check dataset.path)")
     class_dirs = sorted(d for d in root.iterdir() if d.is_dir() and not is_hidden(d))

@@ -197,6 +197,8 @@ def data_report(meta: ClientFileMeta) -> str:
     out["input_shape"] = list(meta.input_shape)
     out["group"] = meta.group
     out["source_digest"] = meta.source_digest
+    if meta.source is not None:  # the export's data config and seed: the server checks its own against them
+        out["source"] = meta.source
     return json.dumps(out, sort_keys=True)
 
 
@@ -215,4 +217,5 @@ def meta_from_report(report: str, where: str) -> ClientFileMeta:
         input_dtype=str(d["input_dtype"]),
         source_digest=str(d.get("source_digest", "")),
         format_version=0,
+        source=d.get("source"),
     )
