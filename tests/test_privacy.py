@@ -367,6 +367,13 @@ def test_dp_run_logs_each_clients_epsilon_and_the_summary_holds_them(tmp_path):
     summary = result.summary["privacy"]
     assert summary["private"] is True and "not_private" not in summary
     assert summary["dp_sgd"]["epsilon"] == spent and summary["dp_sgd"]["epsilon_max"] == max(spent.values())
+    worst = max(spent, key=spent.__getitem__)  # its PRV epsilon is Opacus's PRV accountant on its own ledger
+    from opacus.accountants import PRVAccountant
+
+    prv = PRVAccountant()
+    prv.history = [tuple(result.server_state.meta["privacy"]["dp_sgd"]["ledger"][worst])]
+    assert summary["dp_sgd"]["epsilon_max_prv"] == pytest.approx(prv.get_epsilon(1e-5, eps_error=0.01), rel=1e-6)
+    assert summary["dp_sgd"]["epsilon_max_prv"] <= summary["dp_sgd"]["epsilon_max"]
     assert json.loads((result.run_dir / "summary.json").read_text())["privacy"] == summary
     assert "DP-SGD: epsilon" in (result.run_dir / "summary.md").read_text()
 

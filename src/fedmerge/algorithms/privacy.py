@@ -340,7 +340,7 @@ class PrivateAlgorithm(Algorithm):
         if self.settings.dp_sgd is not None:  # each client's epsilon travels in the clear with its metadata
             ledger = book["dp_sgd"]
             for cid in summed.clients:
-                ledger["epsilon"][str(cid)] = float(summed.metas[cid][KEY]["epsilon"])
+                _book_client(ledger, cid, summed.metas[cid][KEY])
             ledger["clients"] = summed.clients
         new = self.inner.aggregate_summed(self._without(state), rnd, summed)
         return ServerState(new.tensors, {**new.meta, **self._kept_meta(state), KEY: book})
@@ -355,7 +355,7 @@ class PrivateAlgorithm(Algorithm):
         if self.settings.dp_sgd is not None:
             ledger = book["dp_sgd"]
             for cid in sorted(updates):
-                ledger["epsilon"][str(cid)] = float(updates[cid].meta[KEY]["epsilon"])
+                _book_client(ledger, cid, updates[cid].meta[KEY])
             ledger["clients"] = sorted(updates)
         if self.settings.central is None:
             new = self.inner.aggregate(inner_state, rnd, updates)
@@ -479,11 +479,15 @@ class PrivateAlgorithm(Algorithm):
         if "dp_sgd" in book:
             eps = book["dp_sgd"]["epsilon"]
             values = list(eps.values())
+            worst = max(eps, key=eps.__getitem__, default=None)
+            history = book["dp_sgd"].get("ledger", {}).get(worst) if worst is not None else None
             out["dp_sgd"] = {
                 "delta": self.settings.dp_sgd.delta,
                 "clip": self.settings.dp_sgd.clip,
                 "sampling": "Poisson, rate batch_size / n per sample; add/remove one sample",
                 "epsilon_max": max(values, default=0.0),
+                # the same client's epsilon by the PRV accountant (its constant noise and rate: one ledger entry)
+                "epsilon_max_prv": Ledger([history]).epsilon_prv(self.settings.dp_sgd.delta) if history else None,
                 "epsilon_mean": sum(values) / len(values) if values else 0.0,
                 "epsilon": eps,
             }
@@ -566,6 +570,7 @@ class PrivateAlgorithm(Algorithm):
             meta[KEY] = {
                 "epsilon": ledger.epsilon(dp.delta),
                 "noise_multiplier": private.noise_multiplier,
+                "sample_rate": self.sample_rate(n),  # batch_size / n: follows from num_examples, sent anyway
                 "steps": ledger.steps,
             }
             state_meta[KEY] = {"dp_sgd": ledger.history}
@@ -600,6 +605,15 @@ class PrivateAlgorithm(Algorithm):
 
     def initial_weights(self, purpose: str = "init", cid: int = -1) -> StateDict:
         return self.inner.initial_weights(purpose, cid)
+
+
+def _book_client(ledger: dict[str, Any], cid: int, figures: dict[str, Any]) -> None:
+    """The server's record of a DP-SGD client: its epsilon, and (for the summary's PRV figure) its ledger as one
+    entry when its noise and rate never changed."""
+    ledger["epsilon"][str(cid)] = float(figures["epsilon"])
+    if "sample_rate" in figures:
+        entry = [float(figures["noise_multiplier"]), float(figures["sample_rate"]), int(figures["steps"])]
+        ledger.setdefault("ledger", {})[str(cid)] = entry
 
 
 def redact_participants(record: dict[str, Any]) -> dict[str, Any]:

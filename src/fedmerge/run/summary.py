@@ -185,7 +185,11 @@ def privacy_lines(privacy: dict[str, Any] | None) -> list[str]:
         lines.append(f"**{privacy.get('not_private', 'NOT private')}**")
     if "dp_sgd" in privacy:
         d = privacy["dp_sgd"]
-        lines.append(f"DP-SGD: epsilon {d['epsilon_max']:.3g} (RDP, largest over the clients) at delta {d['delta']:g}")
+        prv = d.get("epsilon_max_prv")
+        prv_text = f", {prv:.3g} (PRV)" if isinstance(prv, float) else ""
+        lines.append(
+            f"DP-SGD: epsilon {d['epsilon_max']:.3g} (RDP){prv_text}, largest over the clients, at delta {d['delta']:g}"
+        )
     if "central" in privacy:
         c = privacy["central"]
         prv = c.get("epsilon_prv")
