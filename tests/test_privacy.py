@@ -408,6 +408,13 @@ def test_reproducible_noise_is_bit_identical_on_two_workers_and_after_resume_and
     assert one.summary["privacy"]["private"] is False
     assert "NOT private" in (one.run_dir / "summary.md").read_text()
     assert "NOT private" in RunStore(one.run_dir).read_metrics()[0]["server"]["privacy"]["not_private"]
+    from fedmerge.report.html import build_report
+    from fedmerge.report.plot_privacy import privacy_table, read_curves
+    from fedmerge.study.report import not_private
+
+    assert "NOT private" in build_report([one.run_dir], tmp_path / "report.html").read_text()
+    assert privacy_table(read_curves([one.run_dir])).startswith("**NOT private: 1 run(s)")
+    assert not_private([(0, one.summary, one.run_dir)]) and not not_private([(0, {"privacy": {"private": True}}, "")])
 
 
 def _final_weights(run_dir) -> dict[str, torch.Tensor]:

@@ -212,6 +212,7 @@ def results_json(done: Conducted) -> dict[str, Any]:
             "ari": [a for _, s, _ in rr if (a := ari_of(s)) is not None],
             "budget_total": totals[m.label],
             "noise_floor": floors[m.label],
+            "not_private": not_private(rr),
         }
     checks = [{k: v for k, v in c.items() if k not in ("ref", "prior")} for c in _regime_checks(done)]
     metric = f"{study.metric.part} test {study.metric.name}"
@@ -225,6 +226,11 @@ def results_json(done: Conducted) -> dict[str, Any]:
         "confirms": study.confirms,
         "claims": _claims(done, totals),
     }
+
+
+def not_private(rr: list[tuple[int, dict[str, Any], Path]]) -> bool:
+    """Whether a row's runs used ``privacy.reproducible_noise`` (DP noise from the seed: not private)."""
+    return any((s.get("privacy") or {}).get("private") is False for _, s, _ in rr)
 
 
 def _results_rows(done: Conducted) -> list[dict[str, Any]]:
@@ -250,6 +256,7 @@ def _results_rows(done: Conducted) -> list[dict[str, Any]]:
                 "down": budget.get("down_per_client_round", 0),
                 "up": budget.get("up_per_client_round", 0),
                 "commits": ", ".join(commits) + (" (mixed)" if len(commits) > 1 else ""),
+                "not_private": not_private(rr),
             }
         )
     return rows
