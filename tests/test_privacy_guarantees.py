@@ -363,3 +363,35 @@ def test_no_file_a_run_publishes_holds_a_noise_secret_and_its_checkpoint_keeps_t
     assert len(secrets) == 5 and len(set(secrets)) == 5  # the server's and each client's own
     for secret in secrets:
         assert not any(secret in t for t in texts), "a published file holds a noise secret"
+
+
+def test_a_deployed_dp_sgd_client_keeps_its_secret_in_its_owner_only_state_store_and_never_sends_it(
+    tmp_path, task_identity
+):
+    pytest.importorskip("flwr", reason="Flower absent: pip install -e '.[flower]'")
+    import os
+    import stat
+
+    from test_flower_nodes import NodeGrid, deploy, export, run_store
+
+    from fedmerge.core.state_store import StateStore
+
+    overrides = ["partition.num_clients=3", "rounds=2", "dataset.name=digits", "algorithm.local_epochs=1",
+                 "privacy.dp_sgd.noise_multiplier=1.0"]  # fmt: skip
+    files = export(quick_config(*overrides), tmp_path / "clients")
+    grid = NodeGrid(files, tmp_path / "state")
+    deploy(tmp_path, quick_config(*overrides, "engine=flower"), grid)
+    secrets = []
+    for i in range(3):
+        folder = run_store(tmp_path / "state" / f"node{i}")
+        assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700  # owner only: personal models and the secret
+        assert all(stat.S_IMODE(os.stat(f).st_mode) == 0o600 for f in folder.iterdir())
+        with StateStore(folder) as store:
+            (cid,) = store.ids()
+            secrets.append(str(store.get(cid).meta["privacy_secret"]))
+    assert len(set(secrets)) == 3
+    for msg, reply in grid.received:  # nothing the server sent or received holds a secret
+        for content in (msg.content, reply.content):
+            text = repr([dict(r) for r in content.config_records.values()])
+            text += repr([dict(r) for r in content.metric_records.values()])
+            assert not any(s in text for s in secrets)

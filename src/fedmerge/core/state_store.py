@@ -72,11 +72,13 @@ class StateStore:
         self.cache_size = cache_size
         self.durable = durable
         try:
-            self.path.mkdir(parents=True, exist_ok=True)
+            # owner-only: client states hold personal models and a DP client's noise secret
+            self.path.mkdir(mode=0o700, parents=True, exist_ok=True)
             # readahead off: random access to a store larger than RAM should read only what it uses.
             self._env = lmdb.open(
-                str(self.path), map_size=map_size, subdir=True, sync=durable, metasync=durable, readahead=False
-            )
+                str(self.path), map_size=map_size, subdir=True, sync=durable, metasync=durable, readahead=False,
+                mode=0o600,
+            )  # fmt: skip
         except (lmdb.Error, OSError) as exc:
             raise StateStoreError(f"state store {self.path} cannot be opened: {_first_line(exc)}") from None
         self._cache: OrderedDict[tuple[int, int], ClientState] = OrderedDict()
