@@ -366,6 +366,7 @@ def test_dp_run_logs_each_clients_epsilon_and_the_summary_holds_them(tmp_path):
         assert figures["dp_sgd"]["epsilon_max"] == max(spent.values())
     summary = result.summary["privacy"]
     assert summary["private"] is True and "not_private" not in summary
+    assert "diverged" not in result.summary  # DP withholds the training loss: NaN is not divergence
     assert summary["dp_sgd"]["epsilon"] == spent and summary["dp_sgd"]["epsilon_max"] == max(spent.values())
     worst = max(spent, key=spent.__getitem__)  # its PRV epsilon is Opacus's PRV accountant on its own ledger
     from opacus.accountants import PRVAccountant
@@ -446,3 +447,15 @@ def test_dp_run_through_the_flower_protocol_matches_the_local_engine(tmp_path, t
     flower = run(quick_config(*overrides, "engine=flower"), tmp_path / "flower", grid=FakeGrid(4))
     local = run(quick_config(*overrides), tmp_path / "local")
     assert_runs_identical(local.run_dir, flower.run_dir)
+
+
+def test_divergence_under_dp_is_judged_by_the_validation_loss():
+    from fedmerge.run.summary import divergence
+
+    nan = float("nan")
+    healthy = [{"round": 1, "train_loss": nan, "summary": {"val_nll": {"mean": 1.9}}}]
+    assert divergence(healthy, 10) is None
+    blown = [*healthy, {"round": 2, "train_loss": nan, "summary": {"val_nll": {"mean": 80.0}}}]
+    assert "mean validation loss is 80" in divergence(blown, 10)
+    reported_then_nan = [{"round": 1, "train_loss": 1.0}, {"round": 2, "train_loss": nan}]
+    assert "training loss is nan" in divergence(reported_then_nan, 10)  # a loss that became NaN: diverged

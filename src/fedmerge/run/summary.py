@@ -107,11 +107,18 @@ def divergence(rows: list[dict[str, Any]], num_classes: int | None) -> str | Non
     their own task loss (``num_classes`` None)."""
     if not rows or not num_classes or num_classes < 2 or "train_loss" not in rows[-1]:
         return None
-    loss, uniform = float(rows[-1]["train_loss"]), math.log(num_classes)
+    loss, what = float(rows[-1]["train_loss"]), "the last round's training loss"
+    if math.isnan(loss) and not any(math.isfinite(float(r.get("train_loss", math.nan))) for r in rows):
+        # no client ever reported a training loss (DP withholds it): judge by the evaluated validation loss
+        evaluated = [r["summary"]["val_nll"]["mean"] for r in rows if "val_nll" in r.get("summary", {})]
+        if not evaluated:
+            return None
+        loss, what = float(evaluated[-1]), "the last evaluation's mean validation loss"
+    uniform = math.log(num_classes)
     if math.isfinite(loss) and loss <= DIVERGED_FACTOR * uniform:
         return None
     return (
-        f"diverged: the last round's training loss is {loss:.3g}, more than {DIVERGED_FACTOR:g} x ln({num_classes}) "
+        f"diverged: {what} is {loss:.3g}, more than {DIVERGED_FACTOR:g} x ln({num_classes}) "
         f"= {DIVERGED_FACTOR * uniform:.3g} (a uniform guess); use a smaller algorithm.lr"
     )
 
