@@ -648,3 +648,35 @@ def test_superlink_restart_with_its_database_then_resume_equals_an_uninterrupted
     commands = [line["command"] for line in read_provenance(run_dir)]
     assert len(commands) == 2 and commands[1] == f"fedmerge deploy run secure --resume {run_dir}", commands
     assert commands[0].startswith("fedmerge deploy run secure algorithm.name=ditto"), commands
+
+
+@pytest.mark.processes
+def test_a_refused_supernode_ends_its_wrapper_within_seconds_with_no_process_left(tmp_path, deployment):
+    """A SuperLink with SuperNode authentication refuses a node whose key is not registered; ``fedmerge deploy
+    node`` around that node exits non-zero within seconds (Flower's orphaned ``flower-superexec`` used to keep
+    its output pipe open, and the wrapper waited forever), so a restart loop (systemd ``Restart=on-failure``)
+    gets its turn; the fixture checks that no process of its group is left."""
+    procs, _home = deployment
+    tls = tmp_path / "tls"
+    tls.mkdir()
+    write_tls_material(tls, nodes=1)
+    port = free_port()
+    link = procs.start("superlink", "flower-superlink", "--ssl-ca-certfile", str(tls / "ca.crt"), "--ssl-certfile",
+                       str(tls / "server.pem"), "--ssl-keyfile", str(tls / "server.key"), "--enable-supernode-auth",
+                       "--port", str(port), "--disable-runtime-dependency-installation")  # fmt: skip
+    wait_for_port(port, link)
+    data = export_three(tmp_path / "export")[0]
+    wrapper = procs.start("node", *fedmerge_cli(
+        "deploy", "node", "--root-certificates", str(tls / "ca.crt"), "--superlink", f"127.0.0.1:{port}",
+        "--port", str(free_port()), "--auth-supernode-private-key", str(tls / "node.key"),
+        "--node-config", f'data-path="{data}"',
+    ))  # fmt: skip
+    start = time.monotonic()
+    try:
+        wrapper.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"fedmerge deploy node still runs after its node was refused:\n{procs.log('node')[-3000:]}")
+    log = procs.log("node")
+    assert wrapper.returncode != 0, log[-3000:]
+    assert "must be registered" in log or "2004" in log, log[-3000:]
+    assert time.monotonic() - start < 120
