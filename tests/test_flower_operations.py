@@ -413,3 +413,22 @@ def test_a_deployed_run_with_another_seed_than_the_exports_is_refused_and_config
     written = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert written["seed"] == 3 and written["partition"]["alpha"] == 5.0  # the server's default says 0.5
     assert written["partition"]["num_clients"] == 3 and written["dataset"]["name"] == "digits"
+
+
+def test_deploy_run_refuses_on_the_operators_machine_what_secure_aggregation_cannot_run(tmp_path, monkeypatch):
+    """FedMerge needs each client's update: with secure aggregation it is refused in one line (exit 2) before
+    anything is submitted, from a config file on this machine or from overrides alone."""
+    from typer.testing import CliRunner
+
+    from fedmerge.apps import deploy
+    from fedmerge.cli import app
+
+    monkeypatch.setattr(deploy, "launch", lambda *a, **k: pytest.fail("a ServerApp was submitted"))
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text("algorithm:\n  name: fedmerge\nengine: flower\n")
+    secure = "privacy.secure_aggregation.max_weight=1000"
+    for args in (["deploy", "run", "secure", str(cfg), secure], ["deploy", "run", "secure", "algorithm.name=fedmerge",
+                                                                   "engine=flower", secure]):  # fmt: skip
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 2, result.output
+        assert "privacy.secure_aggregation: fedmerge" in result.output and result.output.count("\n") <= 2
