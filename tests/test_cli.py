@@ -86,4 +86,5 @@ def test_data_dir_option_points_the_dataset_at_a_folder(tmp_path):
     result = runner.invoke(app, ["run", "--data-dir", str(tmp_path), "--no-progress"])  # digits ship with sklearn
     assert result.exit_code == 2 and "reads no files" in result.output
     cfg = load_config(None, ["dataset.name=npz", "dataset.path=a.npz", "dataset.data_dir=b.npz"])
-    assert cfg.dataset.path == "b.npz"  # user-file datasets take the folder/file as their path
+    # user-file datasets take the folder/file as their path, recorded absolute (a resume from elsewhere finds it)
+    assert cfg.dataset.path == str(Path("b.npz").resolve())
