@@ -66,12 +66,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:
             row = {"algorithm": name}
-            for label, extra in (
-                ("cpu", ["device=cpu"]),
-                (args.device, [f"device={args.device}"]),
-                ("vectorized", [f"device={args.device}", "vectorize=true"]),
-            ):
-                status, acc, secs = run_one(name, [*common, *extra], Path(tmp) / f"{name}-{label}")
+            for i, (label, extra) in enumerate(
+                (
+                    ("cpu", ["device=cpu"]),
+                    (args.device, [f"device={args.device}"]),
+                    ("vectorized", [f"device={args.device}", "vectorize=true"]),
+                )
+            ):  # a folder per run (with --device cpu two labels are the same; a run folder is never reused)
+                status, acc, secs = run_one(name, [*common, *extra], Path(tmp) / f"{name}-{i}-{label}")
                 if label == "vectorized" and status.startswith("skipped"):
                     continue  # not a vectorizable method, or the default refuses it anyway
                 row[label] = {"status": status, "acc": acc, "seconds": round(secs, 2)}
