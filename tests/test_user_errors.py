@@ -261,6 +261,9 @@ class MeanOfW:
 
     config = type("Cfg", (), {"lr": 0.5})()
 
+    def select_clients(self, state, rnd, scheduled):
+        return scheduled
+
     def configure(self, state, rnd, selected):
         return {c: Payload(state.tensors) for c in selected}
 

@@ -212,7 +212,8 @@ def results_json(done: Conducted) -> dict[str, Any]:
             "ari": [a for _, s, _ in rr if (a := ari_of(s)) is not None],
             "budget_total": totals[m.label],
             "noise_floor": floors[m.label],
-            "not_private": not_private(rr),
+            # only where true: a private row's JSON stays as published before the mark existed
+            **({"not_private": True} if not_private(rr) else {}),
         }
     checks = [{k: v for k, v in c.items() if k not in ("ref", "prior")} for c in _regime_checks(done)]
     metric = f"{study.metric.part} test {study.metric.name}"
