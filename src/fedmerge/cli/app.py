@@ -11,9 +11,9 @@ from typing import Any
 
 import click
 import typer
-from typer.core import TyperCommand
 from rich.console import Console
 from rich.markup import escape
+from typer.core import TyperCommand
 
 
 def new_typer(**options: Any) -> typer.Typer:
