@@ -73,3 +73,13 @@ def test_list_imports_the_methods_but_no_optional_library():
     assert {"fedmerge.algorithms", "fedmerge.models", "fedmerge.data"} <= loaded  # it lists them all
     wrong = sorted(loaded & set(OPTIONAL))
     assert not wrong, f"fedmerge list imported {wrong}"
+
+
+def test_a_help_text_made_when_shown_still_names_the_datasets():
+    from typer.testing import CliRunner
+
+    from fedmerge.cli import app
+
+    result = CliRunner().invoke(app, ["data", "fetch", "--help"], env={"COLUMNS": "200", "NO_COLOR": "1"})
+    assert result.exit_code == 0, result.output
+    assert "one of: cifar10, cifar100" in result.output and "$FEDMERGE_DATA_DIR" in result.output
