@@ -6,6 +6,7 @@ import pytest
 import torch
 from helpers import assert_runs_identical, quick_config, run
 
+from fedmerge.algorithms import base as base_module
 from fedmerge.algorithms import fedrep as fedrep_module
 from fedmerge.algorithms import pfedme as pfedme_module
 from fedmerge.algorithms.scaffold import split_control
@@ -130,7 +131,8 @@ def test_pfedme_personal_model_differs_from_global_and_counts_outer_steps(tmp_pa
         calls.append(("before_forward" in kw, stats.steps))
         return stats
 
-    monkeypatch.setattr(pfedme_module, "local_sgd", recording)
+    monkeypatch.setattr(pfedme_module, "local_sgd", recording)  # the inner solves
+    monkeypatch.setattr(base_module, "local_sgd", recording)  # the outer steps (client_sgd)
     cfg = quick_config("algorithm.name=pfedme", "algorithm.local_steps=4", "algorithm.lr=0.05", "rounds=2")
     res = run(cfg, tmp_path / "p")
     # per client and round: 4 outer steps, each one inner solve of inner_steps (5) steps

@@ -23,6 +23,9 @@ FLOORS = [
     {"report"},
     {"study"},
     {"cli", "apps"},
+    # fedmerge/api.py: the public surface for plugins, re-exported from the floors below; nothing in the package
+    # imports it (a plugin does)
+    {"api"},
 ]
 # the text datasets tokenize with the tokenizer that models/text.py loads (docs/architecture.md)
 ALLOWED = {("data", "models")}
@@ -75,7 +78,7 @@ def test_every_package_is_on_a_floor():
 def test_no_import_from_a_higher_floor():
     wrong = []
     for module, imported in _graph().items():
-        if module.count(".") < 2 and module not in ("fedmerge.cli", "fedmerge.apps"):
+        if module.count(".") < 2 and module not in ("fedmerge.cli", "fedmerge.apps", "fedmerge.api"):
             continue  # fedmerge/__init__.py, __main__.py
         for other in imported:
             a, b = _top(module), _top(other)

@@ -65,6 +65,21 @@ def test_torch_is_a_compatible_range_not_a_pin():
     assert "pip install torch==2.13.0 && pip install -e" in (ROOT / "README.md").read_text()  # CPU build first
 
 
+# the SPDX identifiers pyproject may declare, with the title line their license text starts with
+LICENSE_TITLES = {"Apache-2.0": ("Apache License", "Version 2.0, January 2004")}
+
+
+def test_the_license_file_is_the_license_pyproject_declares():
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["license"]
+    spdx = declared["text"] if isinstance(declared, dict) else declared
+    assert spdx in LICENSE_TITLES, f"pyproject declares {spdx!r}: add its title to LICENSE_TITLES"
+    text = (ROOT / "LICENSE").read_text()
+    head = [line.strip() for line in text.splitlines() if line.strip()][:2]
+    assert head == list(LICENSE_TITLES[spdx])
+    assert "END OF TERMS AND CONDITIONS" in text  # the whole text, not its title
+
+
 def ci_tail(fake_pytest: str) -> subprocess.CompletedProcess:
     """Run .ci/run's test step with pytest replaced by ``fake_pytest`` (a shell command, run for each of the
     two stages: the default run, then the real-process tests)."""

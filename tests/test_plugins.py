@@ -9,6 +9,7 @@ and Flower's ClientApps.
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
@@ -267,3 +268,57 @@ def test_plugin_method_in_a_study(plugin_config, tmp_path):
     ours = [c for c in saved if c["algorithm"]["name"] == METHOD]
     assert ours and all(c["plugins"] == [MODULE] and c["algorithm"]["server_lr"] == 2.0 for c in ours)
     assert "| Server step | server_lr=2.0 |" in report.read_text()
+
+
+# --- fedmerge.api: the one module a plugin imports ---------------------------------------------------------
+def fedmerge_imports_past_the_api(source: str) -> list[str]:
+    """The imports of fedmerge in ``source`` that are not ``fedmerge.api`` (``from fedmerge.api import ...``,
+    ``import fedmerge.api``, ``from fedmerge import api``)."""
+    wrong = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            wrong += [a.name for a in node.names if a.name.split(".")[0] == "fedmerge" and a.name != "fedmerge.api"]
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "fedmerge":
+            if node.module == "fedmerge":
+                wrong += [f"fedmerge.{a.name}" for a in node.names if a.name != "api"]
+            elif node.module != "fedmerge.api":
+                wrong.append(node.module)
+    return wrong
+
+
+def test_the_example_plugin_imports_fedmerge_api_only():
+    source = (PLUGIN_DIR / f"{MODULE}.py").read_text()
+    assert "fedmerge.api" in source
+    assert fedmerge_imports_past_the_api(source) == []
+
+
+def test_the_walk_through_plugins_import_fedmerge_api_only():
+    plugins = [block for block in _python_blocks() if ".register(" in block]  # not the end-to-end test's lines
+    assert len(plugins) == 2  # the example method; the dataset and model
+    assert [fedmerge_imports_past_the_api(block) for block in plugins] == [[], []]
+
+
+def test_reaching_past_the_api_is_caught():
+    assert fedmerge_imports_past_the_api("from fedmerge.algorithms.base import GlobalModelAlgorithm") == [
+        "fedmerge.algorithms.base"
+    ]
+    assert fedmerge_imports_past_the_api("import fedmerge.core.types\nfrom fedmerge import api, data") == [
+        "fedmerge.core.types",
+        "fedmerge.data",
+    ]
+    assert fedmerge_imports_past_the_api("from fedmerge.api import Update\nimport torch") == []
+
+
+def test_every_api_name_resolves_and_is_re_exported():
+    import fedmerge.api as api
+
+    assert len(set(api.__all__)) == len(api.__all__)
+    missing = [name for name in api.__all__ if not hasattr(api, name)]
+    assert not missing, missing
+    public = {name for name in vars(api) if not name.startswith("_")}
+    assert public == set(api.__all__), public ^ set(api.__all__)
+    # no new logic: every class and function is the one its own module defines
+    defined_here = [n for n in api.__all__ if getattr(getattr(api, n), "__module__", None) == "fedmerge.api"]
+    assert not defined_here, defined_here
+    assert api.ALGORITHMS is ALGORITHMS and api.ServerState is ServerState and api.Update is Update
+    assert "fedavg" in ALGORITHMS.names()  # importing it registers the built-in methods

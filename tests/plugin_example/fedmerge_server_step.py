@@ -2,10 +2,10 @@
 
 An example fedmerge plugin (docs/extending.md). Importing this module registers the method
 ``fedavg_server_lr``; fedmerge imports it through the entry point this package declares, or through
-a config's ``plugins: [fedmerge_server_step]``. Clients train exactly as in FedAvg (the inherited
-client step); only the server's aggregation changes. ``server_lr: 1`` is FedAvg; below 1 the server
-moves part of the way towards the clients' average, above 1 beyond it (FedOpt's server SGD step, no
-momentum: Reddi et al., ICLR 2021).
+a config's ``plugins: [fedmerge_server_step]``; like every plugin it imports from ``fedmerge.api`` only.
+Clients train exactly as in FedAvg (the inherited client step); only the server's aggregation changes.
+``server_lr: 1`` is FedAvg; below 1 the server moves part of the way towards the clients' average, above 1
+beyond it (FedOpt's server SGD step, no momentum: Reddi et al., ICLR 2021).
 """
 
 from __future__ import annotations
@@ -15,9 +15,7 @@ from typing import Literal
 import torch
 from pydantic import Field
 
-from fedmerge.algorithms import ALGORITHMS, AlgorithmConfig
-from fedmerge.algorithms.base import GlobalModelAlgorithm
-from fedmerge.core.types import ServerState, Update
+from fedmerge.api import ALGORITHMS, AlgorithmConfig, GlobalModelAlgorithm, ServerState, Update
 
 
 class ServerStepConfig(AlgorithmConfig):

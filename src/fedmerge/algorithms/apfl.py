@@ -42,11 +42,11 @@ from fedmerge.core.algorithm import (
     Predictor,
     StateDict,
 )
-from fedmerge.core.training import Step, local_sgd
+from fedmerge.core.training import Step
 from fedmerge.core.types import ClientState, Payload, Update
 
 from ._personal import GapProbe, SecondModel, interpolate, lambda_grid, lambda_key
-from .base import GlobalModelAlgorithm, adapted_state, load_weights, model_weights
+from .base import GlobalModelAlgorithm, adapted_state, client_sgd, load_weights, model_weights
 
 
 class APFLConfig(AlgorithmConfig):
@@ -108,12 +108,10 @@ class APFL(GlobalModelAlgorithm):
                 alpha[0] = alpha_step(alpha[0], float(grad), cfg.alpha_lr or cfg.lr, cfg.alpha_decay)
 
         params = [p for p in ctx.model.parameters() if p.requires_grad] + list(v.params.values())
-        stats = local_sgd(
-            ctx.model,
-            data.x_train,
-            data.y_train,
+        stats = client_sgd(
+            ctx,
+            data,
             cfg,
-            ctx.generator("train"),
             params=params,
             extra_loss=mixture_loss,
             before_step=adapt if cfg.adaptive_alpha else None,

@@ -19,7 +19,7 @@ from fedmerge.core.algorithm import (
 from fedmerge.core.model_state import copy_state, load_state
 from fedmerge.core.params import weighted_average
 from fedmerge.core.seeding import NO_ROUND, torch_generator
-from fedmerge.core.training import ExtraLoss, LocalTraining, StepHook, local_sgd, mean_loss
+from fedmerge.core.training import ExtraLoss, LocalTraining, StepHook, TrainStats, local_sgd, mean_loss
 from fedmerge.core.types import ClientState, Payload, ServerState, Update
 
 from ._features import take_prefix, with_prefix
@@ -50,6 +50,17 @@ def gap_subset(data: ClientDataLike, ctx: ClientContext, samples: int) -> tuple[
 def gap_loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
     """The training loss on a :func:`gap_subset`; NaN, without touching the model, when it is empty."""
     return mean_loss(model, x, y) if y.numel() else float("nan")
+
+
+def client_sgd(ctx: ClientContext, data: ClientDataLike, cfg: LocalTraining, **options: Any) -> TrainStats:
+    """The client's training step on its own data: :func:`~fedmerge.core.training.local_sgd` on ``ctx.model``
+    and the client's training split, drawing batches from the round's ``"train"`` generator.
+
+    ``options`` are ``local_sgd``'s keywords (``params``, ``extra_loss``, ``before_step``, ``before_forward``,
+    ``forward``, ``optimizer``, ``private``); nothing is added to them, so DP-SGD runs only where the caller
+    passes ``private=ctx.private``. The personal-model methods (APFL, Ditto, pFedMe, SuPerFed) train through it.
+    """
+    return local_sgd(ctx.model, data.x_train, data.y_train, cfg, ctx.generator("train"), **options)
 
 
 def train_received(

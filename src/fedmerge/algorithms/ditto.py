@@ -26,11 +26,11 @@ from pydantic import Field, model_validator
 from torch.nn import functional as F
 
 from fedmerge.core.algorithm import ALGORITHMS, AlgorithmConfig, ClientContext, ClientDataLike, StateDict
-from fedmerge.core.training import Step, local_sgd
+from fedmerge.core.training import Step
 from fedmerge.core.types import ClientState, Payload, ServerState, Update
 
 from ._personal import GapProbe, SecondModel, Weighting, average_updates, half_sq_dist
-from .base import GlobalModelAlgorithm, adapted_state, load_weights, model_weights
+from .base import GlobalModelAlgorithm, adapted_state, client_sgd, load_weights, model_weights
 
 
 class DittoConfig(AlgorithmConfig):
@@ -88,12 +88,10 @@ class Ditto(GlobalModelAlgorithm):
             {"params": list(v.params.values()), "lr": plr},
         ]
         opt = torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
-        stats = local_sgd(
-            ctx.model,
-            data.x_train,
-            data.y_train,
+        stats = client_sgd(
+            ctx,
+            data,
             cfg,
-            ctx.generator("train"),
             extra_loss=personal_loss,
             optimizer=opt,
             private=ctx.private,  # DP-SGD on w (sent); v never leaves the client

@@ -33,7 +33,7 @@ from fedmerge.core.training import LocalTraining, Step, local_sgd
 from fedmerge.core.types import ClientState, Payload, ServerState, Update
 
 from ._personal import GapProbe, average_updates, detached, half_sq_dist, leaves
-from .base import GlobalModelAlgorithm, adapted_state, load_weights, model_weights
+from .base import GlobalModelAlgorithm, adapted_state, client_sgd, load_weights, model_weights
 
 
 class PFedMeConfig(AlgorithmConfig):
@@ -98,12 +98,10 @@ class PFedMe(GlobalModelAlgorithm):
             # 2. its gradient step is w_loc <- w_loc - lr * lam * (w_loc - theta)
             return half_sq_dist(w_loc, {k: v.detach() for k, v in theta().items()}, cfg.lam)
 
-        stats = local_sgd(
-            ctx.model,
-            data.x_train,
-            data.y_train,
+        stats = client_sgd(
+            ctx,
+            data,
             cfg,
-            ctx.generator("train"),
             params=list(w_loc.values()),
             before_forward=solve_inner_problem,
             forward=personal_prediction,

@@ -52,11 +52,11 @@ from fedmerge.core.algorithm import (
     adapt_epochs,
 )
 from fedmerge.core.seeding import NO_ROUND, torch_generator
-from fedmerge.core.training import Step, local_sgd
+from fedmerge.core.training import Step
 from fedmerge.core.types import ClientState, Payload, Update
 
 from ._personal import GapProbe, detached, interpolate, lambda_grid, lambda_key, leaves, pick_best
-from .base import GlobalModelAlgorithm, adapted_state, load_weights, model_weights
+from .base import GlobalModelAlgorithm, adapted_state, client_sgd, load_weights, model_weights
 
 Tensors = dict[str, torch.Tensor]
 
@@ -163,12 +163,10 @@ class SuPerFed(GlobalModelAlgorithm):
                 terms.append(cfg.nu * cos_squared(wf, wl, cfg.cos_eps))
             return torch.stack(terms).sum()
 
-        stats = local_sgd(
-            ctx.model,
-            data.x_train,
-            data.y_train,
+        stats = client_sgd(
+            ctx,
+            data,
             cfg,
-            ctx.generator("train"),
             params=[*wf.values(), *wl.values()],
             extra_loss=extra_loss if (use_prox or use_cos) else None,
             forward=forward,

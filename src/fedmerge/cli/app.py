@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import inspect
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ import click
 import typer
 from rich.console import Console
 from rich.markup import escape
+from typer.core import TyperCommand
 
 
 def new_typer(**options: Any) -> typer.Typer:
@@ -20,6 +22,21 @@ def new_typer(**options: Any) -> typer.Typer:
     if hasattr(click.exceptions, "NoSuchCommand") and "suggest_commands" in inspect.signature(typer.Typer).parameters:
         options["suggest_commands"] = False
     return typer.Typer(**options)
+
+
+def lazy_help(**helps: Callable[[], str]) -> type[TyperCommand]:
+    """A command class (``@app.command(cls=lazy_help(param=text))``) whose parameters' help texts are made only
+    when its ``--help`` is shown: texts that name what a lower floor knows (the datasets) would otherwise import
+    that floor, and torch with it, at every start of ``fedmerge``."""
+
+    class LazyHelpCommand(TyperCommand):
+        def format_help(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+            for param in self.params:
+                if param.name in helps:
+                    param.help = helps[param.name]()  # type: ignore[attr-defined]
+            super().format_help(ctx, formatter)
+
+    return LazyHelpCommand
 
 
 app = new_typer(

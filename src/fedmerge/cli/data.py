@@ -6,17 +6,27 @@ from pathlib import Path
 
 import typer
 
-from fedmerge.cli.app import app, fail, new_typer
-from fedmerge.data.catalog import CATALOG, check_dataset, fetch_dataset
-from fedmerge.data.download import DATA_DIR_ENV, resolve_data_dir
-from fedmerge.data.errors import DataUnavailable
+from fedmerge.cli.app import app, fail, lazy_help, new_typer
+
+# fedmerge.data is imported when a command runs or shows its help (importing it imports torch): `fedmerge --help`
+# and the other commands start without it
 
 data_app = new_typer(
     help="Download the papers' datasets (checksums verified, resumable) and list them.", no_args_is_help=True
 )
 app.add_typer(data_app, name="data")
 
-DIR_HELP = f"cache root (default: ${DATA_DIR_ENV}, else ~/.cache/fedmerge/data)"
+
+def dir_help() -> str:
+    from fedmerge.data.download import DATA_DIR_ENV
+
+    return f"cache root (default: ${DATA_DIR_ENV}, else ~/.cache/fedmerge/data)"
+
+
+def name_help() -> str:
+    from fedmerge.data.catalog import CATALOG
+
+    return f"one of: {', '.join(CATALOG.names())}"
 
 
 def human(size: int | None) -> str:
@@ -34,13 +44,16 @@ def folder_size(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else 0
 
 
-@data_app.command("fetch")
+@data_app.command("fetch", cls=lazy_help(name=name_help, dir=dir_help))
 def fetch(
-    name: str = typer.Argument(..., help=f"one of: {', '.join(CATALOG.names())}"),
-    dir: Path | None = typer.Option(None, "--data-dir", "--dir", help=DIR_HELP),  # noqa: A002
+    name: str = typer.Argument(...),
+    dir: Path | None = typer.Option(None, "--data-dir", "--dir"),  # noqa: A002
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bars"),
 ) -> None:
     """Download NAME's files, verify each against its pinned checksum, keep them in the cache."""
+    from fedmerge.data.catalog import CATALOG, fetch_dataset
+    from fedmerge.data.errors import DataUnavailable
+
     if name not in CATALOG.names():  # an input error (2), unlike a failed download (1)
         from fedmerge.config.schema_docs import did_you_mean
 
@@ -54,12 +67,15 @@ def fetch(
     typer.echo(f"{name}: {len(entry.files)} file(s) verified in {folder} ({human(folder_size(folder))})")
 
 
-@data_app.command("list")
+@data_app.command("list", cls=lazy_help(dir=dir_help))
 def list_(
-    dir: Path | None = typer.Option(None, "--data-dir", "--dir", help=DIR_HELP),  # noqa: A002
+    dir: Path | None = typer.Option(None, "--data-dir", "--dir"),  # noqa: A002
     verify: bool = typer.Option(False, "--verify", help="also check every cached file's checksum (reads them all)"),
 ) -> None:
     """Known datasets: cached or not, size, where, licence."""
+    from fedmerge.data.catalog import CATALOG, check_dataset
+    from fedmerge.data.download import resolve_data_dir
+
     root = resolve_data_dir(dir)
     typer.echo(f"data dir: {root}")
     typer.echo(f"{'name':<14} {'status':<10} {'on disk':>9} {'download':>9}  papers; licence")
