@@ -65,7 +65,10 @@ Kent.
 I have no more to say.
 """
 
-KENT = "Now, good my lord, the night grows rude and cold; come in and rest, for here is nothing left. I have no more to say."
+KENT = (
+    "Now, good my lord, the night grows rude and cold; come in and rest, for here is nothing left. "
+    "I have no more to say."
+)
 FOOL = "He speaks as one that never sang a song. Then let the fool go sing it all alone | till morning."
 CHORUS = "Thus ends the test of roles that we have made."
 METADATA = """[testing_gut]
