@@ -7,8 +7,8 @@ from pathlib import Path
 import typer
 
 from fedmerge.cli.app import app, fail, new_typer
-from fedmerge.data.catalog import CATALOG, check_dataset, fetch_dataset
-from fedmerge.data.download import DATA_DIR_ENV, resolve_data_dir
+from fedmerge.data.catalog import CATALOG, check_dataset, fetch_dataset, register_file
+from fedmerge.data.download import DATA_DIR_ENV, MIRROR_ENV, resolve_data_dir
 from fedmerge.data.errors import DataUnavailable
 
 data_app = new_typer(
@@ -38,20 +38,48 @@ def folder_size(folder: Path) -> int:
 def fetch(
     name: str = typer.Argument(..., help=f"one of: {', '.join(CATALOG.names())}"),
     dir: Path | None = typer.Option(None, "--data-dir", "--dir", help=DIR_HELP),  # noqa: A002
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bars"),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bars, no download messages"),
+    mirror: list[str] | None = typer.Option(
+        None,
+        "--mirror",
+        help=f"a mirror tried first (repeatable): a base URL or folder holding NAME/FILE (default: ${MIRROR_ENV})",
+    ),
 ) -> None:
     """Download NAME's files, verify each against its pinned checksum, keep them in the cache."""
+    known_dataset(name)
+    try:
+        folder = fetch_dataset(name, dir, progressbar=not quiet, mirrors=mirror or None)
+    except DataUnavailable as exc:
+        fail(str(exc), 1)
+    entry = CATALOG.get(name)
+    typer.echo(f"{name}: {len(entry.files)} file(s) verified in {folder} ({human(folder_size(folder))})")
+
+
+def known_dataset(name: str) -> None:
     if name not in CATALOG.names():  # an input error (2), unlike a failed download (1)
         from fedmerge.config.schema_docs import did_you_mean
 
         close = did_you_mean(name, CATALOG.names())
         fail(f"no downloadable dataset {name!r}{close or '; known: ' + ', '.join(CATALOG.names())}", 2)
+
+
+@data_app.command("add")
+def add(
+    name: str = typer.Argument(..., help=f"one of: {', '.join(CATALOG.names())}"),
+    file: Path = typer.Argument(..., help="your copy of one of NAME's files (an institute's archive, a mirror's)"),
+    checksum: str = typer.Option(..., "--checksum", help="its SHA-256 (hex, or sha256:HEX), which FILE must match"),
+    as_: str | None = typer.Option(None, "--as", help="which of NAME's files it is (default: FILE's own name)"),
+    dir: Path | None = typer.Option(None, "--data-dir", "--dir", help=DIR_HELP),  # noqa: A002
+) -> None:
+    """Register a local copy of one of NAME's files with its own checksum: it is copied into the cache and
+    every later use is checked against that checksum instead of the published one."""
+    known_dataset(name)
     try:
-        folder = fetch_dataset(name, dir, progressbar=not quiet)
-    except DataUnavailable as exc:
-        fail(str(exc), 1)
-    entry = CATALOG.get(name)
-    typer.echo(f"{name}: {len(entry.files)} file(s) verified in {folder} ({human(folder_size(folder))})")
+        target, own = register_file(CATALOG.get(name), file, checksum, as_, dir)
+    except (DataUnavailable, ValueError) as exc:
+        fail(str(exc).splitlines()[0], 1)
+    note = "registered with its own checksum (the publisher's differs)" if own else "the published file"
+    typer.echo(f"{name}: {target.name} verified and added to {target.parent}: {note}")
 
 
 @data_app.command("list")
