@@ -90,7 +90,7 @@ def list_(
     """Known datasets: cached or not, size, where, licence."""
     root = resolve_data_dir(dir)
     typer.echo(f"data dir: {root}")
-    typer.echo(f"{'name':<14} {'status':<10} {'on disk':>9} {'download':>9}  papers; licence")
+    typer.echo(f"{'name':<18} {'status':<10} {'on disk':>9} {'download':>9}  papers; licence")
     for entry in CATALOG.entries():
         folder = entry.folder(dir)
         present = [f for f in entry.files if (folder / f.name).is_file()]
@@ -99,6 +99,6 @@ def list_(
             status = "DAMAGED"
         disk = human(folder_size(folder)) if present else "-"
         typer.echo(
-            f"{entry.name:<14} {status:<10} {disk:>9} {human(entry.download_size):>9}  {entry.papers}; {entry.licence}"
+            f"{entry.name:<18} {status:<10} {disk:>9} {human(entry.download_size):>9}  {entry.papers}; {entry.licence}"
         )
     typer.echo(f"fetch one with `fedmerge data fetch NAME` (files go to {root}/NAME)")
