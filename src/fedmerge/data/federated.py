@@ -63,6 +63,8 @@ class FederatedDataset:
     class_names: list[str] | None = None  # from the dataset when it names its classes
     # split.unseen_clients: the last ``num_unseen`` clients never train (ids S..S+U-1); their partition indices
     unseen_origin: list[int] = field(default_factory=list)
+    # each client's name (natural partitions of data that names its clients: "PLAY: ROLE"), else None
+    client_names: list[str] | None = None
 
     @property
     def num_unseen(self) -> int:
@@ -342,9 +344,20 @@ def federate(
         )
         start = end
     class_names = None if pool.class_names is None else [str(c) for c in pool.class_names]
+    names = natural_names(pool, pcfg, indices)
     if unseen:  # participants first (ids 0..S-1), then the clients that never train
         clients = [replace(c, cid=i) for i, c in enumerate(seen_first(clients, unseen))]
-    return FederatedDataset(clients, pool.num_classes, tuple(pool.x.shape[1:]), pool.name, class_names, unseen)
+        names = None if names is None else seen_first(names, unseen)
+    return FederatedDataset(
+        clients, pool.num_classes, tuple(pool.x.shape[1:]), pool.name, class_names, unseen, client_names=names
+    )
+
+
+def natural_names(pool: Pool, pcfg: ComponentConfig, indices: list[np.ndarray]) -> list[str] | None:
+    """Each client's name for a natural partition of a pool that names its client ids, else None."""
+    if pcfg.name != "natural" or pool.client_names is None or pool.natural_id is None:
+        return None
+    return [str(pool.client_names[int(pool.natural_id[idx[0]])]) if len(idx) else "" for idx in indices]
 
 
 def _heldout_test_rows(

@@ -29,6 +29,9 @@ class Pool:
     domain: np.ndarray | None = None
     natural_id: np.ndarray | None = None
     class_names: list[str] | None = None
+    # the name of each natural client id (``client_names[natural_id]``: a writer, "PLAY: ROLE"), when the data
+    # names them; a natural partition carries them to the run's outputs
+    client_names: list[str] | None = None
     # standardize features with the statistics of the training samples (fedmerge.data.federated)
     standardize: bool = False
     # where partitions of exactly this pool are cached (fetched datasets); dropped by subset()

@@ -275,9 +275,11 @@ def _run_experiment(
             )  # fmt: skip
             newcomers = None if data is None or not data.num_unseen else newcomers_of(cfg, data)
             classes = None if hasattr(model, "task_loss") else num_classes  # a causal LM is not a classifier
+            names = None if data is None else data.client_names  # natural clients the data names (cid order)
             return record_rounds(
-                cfg, store, algorithm, model, engine, device, groups, segment, states, newcomers, classes
-            )
+                cfg, store, algorithm, model, engine, device, groups, segment, states, newcomers, classes,
+                client_names=names,
+            )  # fmt: skip
     except (KeyboardInterrupt, OSError) as exc:  # Ctrl-C, a full disk: the caller says how to continue this run
         exc.run_dir = store.dir  # type: ignore[union-attr]
         raise
