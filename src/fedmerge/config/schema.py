@@ -26,7 +26,7 @@ from pydantic import (
 )
 
 from fedmerge.algorithms import ALGORITHMS
-from fedmerge.algorithms.privacy import PrivacySettings
+from fedmerge.algorithms.privacy_settings import PrivacySettings
 from fedmerge.config import strict_yaml
 from fedmerge.config.schema_docs import did_you_mean, keys_at
 from fedmerge.core.algorithm import BUILTIN_DEFAULTS

@@ -10,7 +10,8 @@ from typing import Any
 import torch
 from pydantic import BaseModel
 
-from fedmerge.algorithms.privacy import build_algorithm, clients_per_round, privacy_problem
+from fedmerge.algorithms.privacy import build_algorithm
+from fedmerge.algorithms.privacy_settings import clients_per_round, privacy_problem
 from fedmerge.config.schema import ConfigError, config_warnings, load_config
 from fedmerge.config.tuned import load_tuned_config
 from fedmerge.core.checkpoint import atomic_write_bytes

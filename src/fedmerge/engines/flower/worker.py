@@ -32,7 +32,8 @@ from typing import Any
 import torch
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 
-from fedmerge.algorithms.privacy import PrivacySettings, build_algorithm
+from fedmerge.algorithms.privacy import build_algorithm
+from fedmerge.algorithms.privacy_settings import PrivacySettings
 from fedmerge.core.algorithm import Algorithm, adapt_epochs
 from fedmerge.core.types import ClientState, Payload
 from fedmerge.engines.device import resolve_device
