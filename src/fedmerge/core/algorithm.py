@@ -66,6 +66,11 @@ class ClientRows(Sequence):
 class AlgorithmConfig(ComponentConfig, LocalTraining):
     """Base of algorithm configs: the component name plus local-training hyper-parameters."""
 
+    def warnings(self, rounds: int) -> list[str]:
+        """Valid but most likely unintended settings of this method in a run of ``rounds`` rounds, one line
+        each (printed before the run starts); a method overrides it to say what only it knows."""
+        return []
+
 
 # Validation context key (``model_validate(data, context={BUILTIN_DEFAULTS: keys})``): the algorithm keys
 # whose value is one of the command line's built-in defaults rather than a value the user wrote. A
