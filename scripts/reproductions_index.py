@@ -21,10 +21,13 @@ import argparse
 import json
 import re
 import statistics
+import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from fedmerge.study.regime import FEDAVG_GAP, LOCAL_GAP
 
@@ -77,7 +80,7 @@ class Study:
         return any(check.get("split", "test") == "test" for check in self.data["regime"])
 
     def claim_verdicts(self) -> str:
-        """``3 reproduced, 1 level, 2 not reproduced`` over its judged claims, or why there is none."""
+        """``3 reproduced, 1 level, 2 not reproduced`` over its judged comparisons, or why there is none."""
         claims = self.data.get("claims") or []
         if not claims:
             return "no claims declared"
@@ -86,6 +89,18 @@ class Study:
             counts[claim["verdict"] or "no verdict"] = counts.get(claim["verdict"] or "no verdict", 0) + 1
         order = ["reproduced", "level", "not reproduced", "no verdict"]
         return ", ".join(f"{counts[v]} {v}" for v in order if v in counts)
+
+    def row_figures(self, label: str) -> tuple[Any, ...]:
+        """A row's seeds and per-seed values: two rows with equal figures are the same row, bit for bit."""
+        row = self.data["rows"].get(label)
+        if not row or not row.get("best_val"):  # no figures: the row is only itself
+            return (self.name, label)
+        return tuple(row["seeds"]), tuple(row["best_val"])
+
+    def comparison_figures(self, claim: dict[str, Any]) -> tuple[Any, ...]:
+        """What a comparison compares: its two rows' figures (so ``x > a`` and ``x > b`` are one comparison
+        where rows ``a`` and ``b`` are equal bit for bit, here or in another study)."""
+        return self.row_figures(claim["higher"]), self.row_figures(claim["lower"])
 
     @property
     def kept(self) -> bool:
@@ -233,9 +248,175 @@ def seeds_text(seeds: list[int]) -> str:
     return ", ".join(str(s) for s in seeds)
 
 
-def confirmation_table(families: list[Family], verdicts: str) -> list[str]:
+@dataclass
+class PaperClaim:
+    """One claim of the paper and the comparisons ("higher > lower") it needs: reproduced only if every
+    one of them is. ``late``: why it was declared after its runs (empty where it was declared before)."""
+
+    text: str
+    comparisons: list[dict[str, Any]] = field(default_factory=list)
+    late: str = ""
+    counted_under: str = ""  # a claim whose every comparison was counted before: where (not counted again)
+
+    @property
+    def reproduced(self) -> bool:
+        return all(c.get("verdict") == "reproduced" for c in self.comparisons)
+
+
+def paper_claims(claims: list[dict[str, Any]]) -> list[PaperClaim]:
+    """A study's comparisons grouped by paper claim (the same ``paper`` text; an empty text is a claim of
+    its own), in the order declared. A comparison listed twice is refused: it belongs to one claim."""
+    groups: dict[str, PaperClaim] = {}
+    owner: dict[tuple[str, str], str] = {}
+    for claim in claims:
+        pair = (claim["higher"], claim["lower"])
+        text = claim.get("paper") or f"{claim['higher']} above {claim['lower']}"
+        if pair in owner:
+            raise ValueError(
+                f"comparison {pair[0]!r} > {pair[1]!r} is listed under {owner[pair]!r} and {text!r}: "
+                "a comparison belongs to one paper claim"
+            )
+        owner[pair] = text
+        groups.setdefault(text, PaperClaim(text)).comparisons.append(claim)
+    return list(groups.values())
+
+
+def count_paper_claims(
+    study: Study, counted: dict[tuple[Any, ...], str], where: str, declared: dict[tuple[str, str], str]
+) -> list[PaperClaim]:
+    """The study's paper claims, each comparison counted once across the index: a claim all of whose
+    comparisons have the figures of ones counted before (in ``counted``, figures to the paper table that
+    counted them; updated here) is kept with ``counted_under`` and not counted again. ``declared``: per
+    comparison, the late-declaration note (see ``late_declarations``)."""
+    out = []
+    for claim in paper_claims(study.data.get("claims") or []):
+        figures = [study.comparison_figures(c) for c in claim.comparisons]
+        seen = [counted[f] for f in figures if f in counted]
+        if len(seen) == len(figures):
+            claim.counted_under = seen[0]
+        for f in figures:
+            counted.setdefault(f, where)
+        notes = [
+            declared[(c["higher"], c["lower"])] for c in claim.comparisons if (c["higher"], c["lower"]) in declared
+        ]
+        claim.late = notes[0] if notes else ""
+        out.append(claim)
+    return out
+
+
+def paper_claims_text(claims: list[PaperClaim], link: str) -> str:
+    """``[1 of 3 paper claims reproduced](link); not reproduced: A; B`` with the late declarations marked."""
+    own = [c for c in claims if not c.counted_under]
+    if not own:
+        return f"[no paper claim of its own]({link})"
+    n = sum(c.reproduced for c in own)
+    text = f"[{n} of {len(own)} paper claims reproduced]({link})"
+    failed = [c.text for c in own if not c.reproduced]
+    if failed:
+        text += "; not reproduced: " + "; ".join(failed)
+    notes: dict[str, list[str]] = {}
+    for c in own:
+        if c.late:
+            notes.setdefault(c.late, []).append(c.text)
+    for note, texts in notes.items():
+        which = f"all {len(own)}" if len(texts) == len(own) > 1 else "; ".join(texts)
+        text += f"; **{note.replace(': ', f' ({which}): ', 1)}**"
+    again = [f"{c.text} (counted under {c.counted_under})" for c in claims if c.counted_under]
+    if again:
+        text += "; not counted again: " + "; ".join(again)
+    return text
+
+
+def _git(*args: str) -> str | None:
+    try:
+        done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=False)
+    except OSError:
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+def run_commits(report: Path) -> list[str]:
+    """The commits a study's runs recorded: the last column of its report's results table."""
+    if not report.exists():
+        return []
+    lines = report.read_text().splitlines()
+    try:
+        start = lines.index("## Results")
+    except ValueError:
+        return []
+    commits: set[str] = set()
+    for line in lines[start:]:
+        if line.startswith("## Claims"):
+            break
+        if line.startswith("| ") and not line.startswith(("| method", "|---")):
+            last = line.rstrip(" |").split(" | ")[-1].replace(" (mixed)", "")
+            commits |= {c.split("+")[0] for c in last.split(", ") if re.fullmatch(r"[0-9a-f]{7,40}(\+dirty)?", c)}
+    return sorted(commits)
+
+
+def declared_pairs(path: str, commit: str) -> set[tuple[str, str]] | None:
+    """The comparisons (higher, lower) a study file declares at ``commit`` (anywhere in it, revisions too);
+    None where the file is not there."""
+    text = _git("show", f"{commit}:{path}")
+    if text is None:
+        return None
+    pairs: set[tuple[str, str]] = set()
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            if isinstance(node.get("higher"), str) and isinstance(node.get("lower"), str):
+                pairs.add((node["higher"], node["lower"]))
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(yaml.safe_load(text))
+    return pairs
+
+
+def late_declarations(study: Study) -> dict[tuple[str, str], str]:
+    """Per comparison declared after its runs: ``declared after its runs: <time> (<commit>); runs from
+    <commit> (<time>)``. A comparison counts as declared before where its study file, or the study it
+    confirms, declares it at the earliest commit its runs recorded; else its first commit is named. Empty
+    where git, the study file or the runs' commits cannot be read (nothing is claimed then)."""
+    files = [str(p.relative_to(ROOT)) for p in sorted((ROOT / "studies").rglob(f"{study.name}.yaml"))]
+    if study.data.get("confirms"):
+        files.append(study.data["confirms"].split()[0])
+    dated = []
+    for commit in run_commits(study.json_path.with_suffix(".md")):
+        stamp = _git("log", "-1", "--format=%H %cI", commit)
+        if stamp:
+            dated.append(stamp.split()[::-1])  # (time, full hash)
+    if not files or not dated:
+        return {}
+    run_time, run_commit = min(dated)
+    before: set[tuple[str, str]] = set()
+    for path in files:
+        before |= declared_pairs(path, run_commit) or set()
+    history = []
+    for path in files[:1]:
+        log = _git("log", "--reverse", "--format=%H %cI", "--follow", "--", path) or ""
+        history += [(line.split()[0], line.split()[1], path) for line in log.splitlines() if line.strip()]
+    out = {}
+    for claim in study.data.get("claims") or []:
+        pair = (claim["higher"], claim["lower"])
+        if pair in before:
+            continue
+        first = next(((h, t) for h, t, p in history if pair in (declared_pairs(p, h) or set())), None)
+        when = f"{first[1][:16].replace('T', ' ')} UTC ({first[0][:8]})" if first else "not in a commit"
+        run = f"{run_commit[:8]} ({run_time[:16].replace('T', ' ')} UTC)"
+        out[pair] = f"declared after its runs: {when}; runs from {run}"
+    return out
+
+
+def confirmation_table(families: list[Family], verdicts: str, declarations=late_declarations) -> list[str]:
     """Per paper table: the seeds that explored its settings, the fresh seeds that confirm them, the regime
-    on those, and the confirmation's claim verdicts (found in the families of its study of record)."""
+    on those, and the confirmation's paper claims, "N of M reproduced", the failed ones named, each
+    comparison counted once across the table (found in the families of its study of record); the
+    comparisons' own count follows as the detail. ``declarations(study)``: the late-declaration notes."""
+    counted: dict[tuple[Any, ...], str] = {}
     by_link = {s.link: f for f in families for s in f.studies}
     lines = [
         "| paper table | exploration seeds | confirmation seeds | regime kept on confirmation seeds | verdicts "
@@ -257,9 +438,15 @@ def confirmation_table(families: list[Family], verdicts: str) -> list[str]:
             continue
         for c in confirms:
             regime = c.regime() + (" (read test)" if c.regime_read_test() else "")
+            claims = count_paper_claims(c, counted, paper_table, declarations(c))
+            verdicts_text = (
+                f"{paper_claims_text(claims, c.link)} (comparisons: {c.claim_verdicts()})"
+                if claims
+                else f"[{c.claim_verdicts()}]({c.link})"
+            )
             lines.append(
                 f"| {paper_table} | {seeds_text(c.data['explored_on'])} | {seeds_text(c.seed_list())} | {regime} | "
-                f"[{c.claim_verdicts()}]({c.link}) |"
+                f"{verdicts_text} |"
             )
     return lines
 
@@ -301,9 +488,15 @@ by `scripts/reproductions_index.py` from those JSON files and from the hand-writ
 README_CONFIRM = """## Confirmation on fresh seeds, per paper table
 
 Settings are explored on some seeds and confirmed on fresh ones that informed no choice; only the
-confirmation seeds decide a claim. A verdict is the claim's 95% interval of the paired difference of
-its two rows: reproduced above zero, level across it, not reproduced below (the confirmation report
-gives each). "(read test)": that regime check read the test split, as checks did before it read
+confirmation seeds decide a claim. A comparison's verdict is the 95% interval of the paired difference
+of its two rows: reproduced above zero, level across it, not reproduced below (the confirmation report
+gives each). A paper claim (the comparisons its study file lists under one `paper` text) is reproduced
+only if every comparison it needs is; the table counts paper claims and names the failed ones, the
+comparisons' own count following as the detail. Each comparison is counted once: a claim whose
+comparisons all have the figures of ones counted in an earlier row (the same rows, bit for bit) is not
+counted again. A claim that its study file (or the study it confirms) did not yet declare at the earliest
+commit its runs recorded is marked **declared after its runs**, with the time of the commit that first
+declared it. "(read test)": that regime check read the test split, as checks did before it read
 validation only.
 """
 
