@@ -436,9 +436,13 @@ def confirmation_table(families: list[Family], verdicts: str, declarations=late_
                 pending = f"not confirmed (exploration: {verdict})"
                 lines.append(f"| {paper_table} | {seeds_text(explored)} | none yet | - | {pending} |")
             continue
+        stated = set(re.findall(r"(\d+) of (\d+) paper claims reproduced", verdict))
+        found = set()
         for c in confirms:
             regime = c.regime() + (" (read test)" if c.regime_read_test() else "")
             claims = count_paper_claims(c, counted, paper_table, declarations(c))
+            own = [x for x in claims if not x.counted_under]
+            found.add((str(sum(x.reproduced for x in own)), str(len(own))))
             verdicts_text = (
                 f"{paper_claims_text(claims, c.link)} (comparisons: {c.claim_verdicts()})"
                 if claims
@@ -447,6 +451,12 @@ def confirmation_table(families: list[Family], verdicts: str, declarations=late_
             lines.append(
                 f"| {paper_table} | {seeds_text(c.data['explored_on'])} | {seeds_text(c.seed_list())} | {regime} | "
                 f"{verdicts_text} |"
+            )
+        if stated and stated != found:  # verdicts.md is hand-written: its count may not drift from the JSON
+            said = ", ".join(f"{n} of {m}" for n, m in sorted(stated))
+            raise ValueError(
+                f"verdicts.md says {said} paper claims reproduced for {paper_table!r}; the JSON: "
+                + ", ".join(f"{n} of {m}" for n, m in sorted(found))
             )
     return lines
 

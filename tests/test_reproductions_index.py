@@ -312,3 +312,13 @@ def test_the_published_index_counts_paper_claims_and_marks_the_late_ones():
     beta10 = next(line for line in readme.splitlines() if line.startswith("| LIVAR Table 1, beta 1.0 | 0-2 | 100"))
     assert "2 of 4 paper claims reproduced" in beta10
     assert "declared after its runs (Table 1: the merging rules" in beta10
+
+
+def test_a_hand_written_paper_claim_count_that_drifts_from_the_json_is_refused(index, tmp_path):
+    docs = toy_docs(tmp_path, "fedmerge_toy", "evidence: 1 of 1 paper claims reproduced")
+    write_study(docs / "fedmerge" / "toy", "fedmerge_toy_confirm", [True])
+    path = docs / "fedmerge" / "toy" / "fedmerge_toy_confirm.json"
+    claims = [comparison("A", "X", "L", "reproduced"), comparison("A", "X", "F", "level")]  # by hand: 0 of 1
+    path.write_text(json.dumps(json.loads(path.read_text()) | {"explored_on": [0], "claims": claims}))
+    with pytest.raises(ValueError, match="says 1 of 1 paper claims reproduced .*the JSON: 0 of 1"):
+        index.outputs(docs)
