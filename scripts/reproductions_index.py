@@ -21,14 +21,13 @@ import argparse
 import json
 import re
 import statistics
-import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from fedmerge.study import claims as claims_lib
+from fedmerge.study.claims import PaperClaim, count_text, mark_late, paper_claims
 from fedmerge.study.regime import FEDAVG_GAP, LOCAL_GAP
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -248,39 +247,6 @@ def seeds_text(seeds: list[int]) -> str:
     return ", ".join(str(s) for s in seeds)
 
 
-@dataclass
-class PaperClaim:
-    """One claim of the paper and the comparisons ("higher > lower") it needs: reproduced only if every
-    one of them is. ``late``: why it was declared after its runs (empty where it was declared before)."""
-
-    text: str
-    comparisons: list[dict[str, Any]] = field(default_factory=list)
-    late: str = ""
-    counted_under: str = ""  # a claim whose every comparison was counted before: where (not counted again)
-
-    @property
-    def reproduced(self) -> bool:
-        return all(c.get("verdict") == "reproduced" for c in self.comparisons)
-
-
-def paper_claims(claims: list[dict[str, Any]]) -> list[PaperClaim]:
-    """A study's comparisons grouped by paper claim (the same ``paper`` text; an empty text is a claim of
-    its own), in the order declared. A comparison listed twice is refused: it belongs to one claim."""
-    groups: dict[str, PaperClaim] = {}
-    owner: dict[tuple[str, str], str] = {}
-    for claim in claims:
-        pair = (claim["higher"], claim["lower"])
-        text = claim.get("paper") or f"{claim['higher']} above {claim['lower']}"
-        if pair in owner:
-            raise ValueError(
-                f"comparison {pair[0]!r} > {pair[1]!r} is listed under {owner[pair]!r} and {text!r}: "
-                "a comparison belongs to one paper claim"
-            )
-        owner[pair] = text
-        groups.setdefault(text, PaperClaim(text)).comparisons.append(claim)
-    return list(groups.values())
-
-
 def count_paper_claims(
     study: Study, counted: dict[tuple[Any, ...], str], where: str, declared: dict[tuple[str, str], str]
 ) -> list[PaperClaim]:
@@ -296,43 +262,21 @@ def count_paper_claims(
             claim.counted_under = seen[0]
         for f in figures:
             counted.setdefault(f, where)
-        notes = [
-            declared[(c["higher"], c["lower"])] for c in claim.comparisons if (c["higher"], c["lower"]) in declared
-        ]
-        claim.late = notes[0] if notes else ""
         out.append(claim)
-    return out
+    return mark_late(out, declared)
 
 
 def paper_claims_text(claims: list[PaperClaim], link: str) -> str:
-    """``[1 of 3 paper claims reproduced](link); not reproduced: A; B`` with the late declarations marked."""
-    own = [c for c in claims if not c.counted_under]
-    if not own:
+    """``[1 of 3 paper claims reproduced](link); not reproduced: A; B`` with the late declarations marked
+    and the claims counted under an earlier paper table named."""
+    if all(c.counted_under for c in claims):
         return f"[no paper claim of its own]({link})"
-    n = sum(c.reproduced for c in own)
-    text = f"[{n} of {len(own)} paper claims reproduced]({link})"
-    failed = [c.text for c in own if not c.reproduced]
-    if failed:
-        text += "; not reproduced: " + "; ".join(failed)
-    notes: dict[str, list[str]] = {}
-    for c in own:
-        if c.late:
-            notes.setdefault(c.late, []).append(c.text)
-    for note, texts in notes.items():
-        which = f"all {len(own)}" if len(texts) == len(own) > 1 else "; ".join(texts)
-        text += f"; **{note.replace(': ', f' ({which}): ', 1)}**"
+    count, _, rest = count_text(claims).partition(";")
+    text = f"[{count}]({link})" + (f";{rest}" if rest else "")
     again = [f"{c.text} (counted under {c.counted_under})" for c in claims if c.counted_under]
     if again:
         text += "; not counted again: " + "; ".join(again)
     return text
-
-
-def _git(*args: str) -> str | None:
-    try:
-        done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=False)
-    except OSError:
-        return None
-    return done.stdout if done.returncode == 0 else None
 
 
 def run_commits(report: Path) -> list[str]:
@@ -354,61 +298,15 @@ def run_commits(report: Path) -> list[str]:
     return sorted(commits)
 
 
-def declared_pairs(path: str, commit: str) -> set[tuple[str, str]] | None:
-    """The comparisons (higher, lower) a study file declares at ``commit`` (anywhere in it, revisions too);
-    None where the file is not there."""
-    text = _git("show", f"{commit}:{path}")
-    if text is None:
-        return None
-    pairs: set[tuple[str, str]] = set()
-
-    def walk(node: Any) -> None:
-        if isinstance(node, dict):
-            if isinstance(node.get("higher"), str) and isinstance(node.get("lower"), str):
-                pairs.add((node["higher"], node["lower"]))
-            for value in node.values():
-                walk(value)
-        elif isinstance(node, list):
-            for value in node:
-                walk(value)
-
-    walk(yaml.safe_load(text))
-    return pairs
-
-
 def late_declarations(study: Study) -> dict[tuple[str, str], str]:
-    """Per comparison declared after its runs: ``declared after its runs: <time> (<commit>); runs from
-    <commit> (<time>)``. A comparison counts as declared before where its study file, or the study it
-    confirms, declares it at the earliest commit its runs recorded; else its first commit is named. Empty
-    where git, the study file or the runs' commits cannot be read (nothing is claimed then)."""
+    """Per comparison of a study declared after its runs, its note (``fedmerge.study.claims``): its study
+    file is ``studies/**/NAME.yaml``, the study it confirms is named in its JSON, its runs' commits are in
+    its report."""
     files = [str(p.relative_to(ROOT)) for p in sorted((ROOT / "studies").rglob(f"{study.name}.yaml"))]
-    if study.data.get("confirms"):
+    if files and study.data.get("confirms"):
         files.append(study.data["confirms"].split()[0])
-    dated = []
-    for commit in run_commits(study.json_path.with_suffix(".md")):
-        stamp = _git("log", "-1", "--format=%H %cI", commit)
-        if stamp:
-            dated.append(stamp.split()[::-1])  # (time, full hash)
-    if not files or not dated:
-        return {}
-    run_time, run_commit = min(dated)
-    before: set[tuple[str, str]] = set()
-    for path in files:
-        before |= declared_pairs(path, run_commit) or set()
-    history = []
-    for path in files[:1]:
-        log = _git("log", "--reverse", "--format=%H %cI", "--follow", "--", path) or ""
-        history += [(line.split()[0], line.split()[1], path) for line in log.splitlines() if line.strip()]
-    out = {}
-    for claim in study.data.get("claims") or []:
-        pair = (claim["higher"], claim["lower"])
-        if pair in before:
-            continue
-        first = next(((h, t) for h, t, p in history if pair in (declared_pairs(p, h) or set())), None)
-        when = f"{first[1][:16].replace('T', ' ')} UTC ({first[0][:8]})" if first else "not in a commit"
-        run = f"{run_commit[:8]} ({run_time[:16].replace('T', ' ')} UTC)"
-        out[pair] = f"declared after its runs: {when}; runs from {run}"
-    return out
+    pairs = [(c["higher"], c["lower"]) for c in study.data.get("claims") or []]
+    return claims_lib.late_declarations(ROOT, files, run_commits(study.json_path.with_suffix(".md")), pairs)
 
 
 def confirmation_table(families: list[Family], verdicts: str, declarations=late_declarations) -> list[str]:
