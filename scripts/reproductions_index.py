@@ -12,7 +12,11 @@ column from the JSON files; a paper table called evidence there whose study does
 on every seed stops the script, so a verdict cannot drift from the numbers silently. Its second table
 gives, per paper table, the confirmation on fresh seeds: a study JSON in the record's family with
 ``explored_on`` (written by ``scripts/confirmation_study.py``'s study): the seeds that explored the
-settings, the fresh ones, the regime on those, and the verdicts of the claims its report judged.
+settings, the fresh ones, the regime on those, and its paper claims: "N of M paper claims reproduced"
+(``fedmerge.study.claims``: a claim is reproduced only if every comparison it needs is), the failed ones
+named, each comparison counted once across the table, the claims declared after their runs marked with
+the times (read from git), the comparisons' own count following as the detail. A hand-written "N of M
+paper claims reproduced" in the "At a glance" table that differs from the JSON stops the script.
 """
 
 from __future__ import annotations
