@@ -330,6 +330,7 @@ class Conducted:
     runs: Path
     chosen: dict[str, int]
     reference: dict[int, dict[str, Any]]
+    study_path: Path | None = None  # the study file: where its claims' declarations are looked up (git)
 
 
 def regime_only(study: Study) -> Study:
@@ -382,4 +383,4 @@ def conduct(
     else:
         chosen = tune(study, folder, jobs, notify)
         run_seeds(study, folder, chosen, jobs, notify)
-    return Conducted(study, history, folder, chosen, regime(study, folder, report_only, notify))
+    return Conducted(study, history, folder, chosen, regime(study, folder, report_only, notify), study_path)
