@@ -166,3 +166,14 @@ def test_two_pages_open_in_headless_chromium_with_navigation_and_no_errors(site,
             assert shot.stat().st_size > 10_000
     finally:
         server.shutdown()
+
+
+def test_docstrings_use_the_sites_cross_references_not_sphinx_roles():
+    """mkdocstrings shows a Sphinx role (:class:`X`) literally; the site's syntax is [`X`][fedmerge.path.X]."""
+    import re
+
+    role = re.compile(r":(class|func|meth|data|mod|attr|exc|obj):`")
+    src = Path(__file__).resolve().parents[1] / "src" / "fedmerge"
+    found = [f"{p.relative_to(src)}:{i}" for p in src.rglob("*.py") for i, line in enumerate(p.read_text().splitlines(), 1)
+             if role.search(line)]  # fmt: skip
+    assert not found, f"Sphinx roles in docstrings: {found[:5]}"

@@ -11,7 +11,7 @@ Server state (a ServerState, so checkpoints and resume are exact):
 
 Round: ``configure`` merges only the selected rows, ``theta_i = softmax(A_i) @ Theta``, and sends each
 client its own merged state dict (client cost independent of d). Clients train it exactly as FedAvg
-does (shared :func:`train_received`) plus a proximal term, return ``delta_i = theta_i(after) -
+does (shared `train_received()`) plus a proximal term, return ``delta_i = theta_i(after) -
 theta_i(before)`` for every state entry and ``n_i``, and keep nothing (client state is empty).
 ``aggregate`` uses ``g_i = -delta_i`` (the pseudo-gradient) in the softmax-constrained Eq. 5/6
 (Appendix D), written by hand as matrix products on the stack (``merging.py``); A is stepped before

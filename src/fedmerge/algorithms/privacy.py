@@ -1,9 +1,9 @@
 """Differential privacy around any method that admits it: the ``privacy:`` section (docs/deployment.md, "Privacy").
 
-:class:`PrivateAlgorithm` wraps a method and adds, without changing it:
+[`PrivateAlgorithm`][fedmerge.algorithms.privacy.PrivateAlgorithm] wraps a method and adds, without changing it:
 
 - ``dp_sgd`` (sample-level DP on each client): the client's local training runs DP-SGD
-  (:class:`~fedmerge.core.privacy.PrivateGradients` through ``ctx.private``) on Poisson batches; the client
+  ([`PrivateGradients`][fedmerge.core.privacy.PrivateGradients] through ``ctx.private``) on Poisson batches; the client
   keeps its own RDP ledger in its state (``meta["privacy"]``) and reports its epsilon with its update.
 - ``central`` (user-level DP on the server): clients take part by Poisson sampling at rate ``participation``
   (drawn from the server's secret), each update's change to the server's tensors is clipped to a norm (fixed,
@@ -12,7 +12,7 @@
   ledger (in its state's meta) composes the rounds. ``clip_on_client``: each client clips its own change before
   sending it (as Flower's client-side DP mod); the server still clips (a no-op for honest clients).
 
-Under either mechanism an update carries no metadata computed on raw data (:data:`PUBLIC_META` only).
+Under either mechanism an update carries no metadata computed on raw data (`PUBLIC_META` only).
 
 The noise (and the private samples) come from a secret that only the party adding the noise holds: each
 client's in its own state (on a deployed node, its own disk), the server's in the server state. Both are
@@ -459,7 +459,7 @@ def build_algorithm(
     rounds: int = 1,
     participation: float = 1.0,
 ) -> Algorithm:
-    """The configured method, wrapped in :class:`PrivateAlgorithm` when ``privacy`` is set (runner and
+    """The configured method, wrapped in [`PrivateAlgorithm`][fedmerge.algorithms.privacy.PrivateAlgorithm] when ``privacy`` is set (runner and
     Flower's ClientApp build it the same way)."""
     algorithm = ALGORITHMS.get(config.name).obj(config, model_factory, num_clients, seed)
     if privacy is None or not privacy.differential:  # secure aggregation alone changes no client or server math

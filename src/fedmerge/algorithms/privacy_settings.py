@@ -1,6 +1,6 @@
 """The ``privacy:`` config section and the checks that refuse what it cannot do: its settings, the constants the
 mechanisms share (meta keys, the metadata an update may carry), and the noise-multiplier arithmetic of the
-adaptive clip. :mod:`fedmerge.algorithms.privacy` applies the mechanisms."""
+adaptive clip. [`fedmerge.algorithms.privacy`][fedmerge.algorithms.privacy] applies the mechanisms."""
 
 from __future__ import annotations
 
@@ -123,7 +123,7 @@ class PrivacySettings(BaseModel):
 
     @property
     def differential(self) -> bool:
-        """Whether a DP mechanism is on (the method is then wrapped in :class:`PrivateAlgorithm`)."""
+        """Whether a DP mechanism is on (the method is then wrapped in `PrivateAlgorithm`)."""
         return self.dp_sgd is not None or self.central is not None
 
 

@@ -59,7 +59,7 @@ MODULE_NAME = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
 
 
 def make_folder(path: Path, option: str, exist_ok: bool = True) -> Path:
-    """``path.mkdir(parents=True)``, or a one-line :class:`ConfigError` naming the ``option`` that chose
+    """``path.mkdir(parents=True)``, or a one-line `ConfigError` naming the ``option`` that chose
     the place (a read-only or impossible location, a file in the way)."""
     try:
         path.mkdir(parents=True, exist_ok=exist_ok)
@@ -439,7 +439,7 @@ RUN_LOCAL_KEYS = {"threads", "workers", "output_dir", "name", "eval_batch_size",
 
 def first_config_difference(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> tuple[str, Any, Any] | None:
     """(dotted key, old value, new value) of the first setting where two config dumps differ, ignoring
-    :data:`RUN_LOCAL_KEYS`; None when they describe the same run."""
+    `RUN_LOCAL_KEYS`; None when they describe the same run."""
     for key in sorted(set(old) | set(new)):
         if not prefix and key in RUN_LOCAL_KEYS:
             continue

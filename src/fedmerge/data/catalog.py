@@ -2,7 +2,7 @@
 
 Every checksum is the publisher's or the one a widely used loader pins; the comment beside each entry
 names it. Files are kept as downloaded (archives are read in place, never extracted) under
-``<data dir>/<dataset>/``; see :mod:`fedmerge.data.download`.
+``<data dir>/<dataset>/``; see [`fedmerge.data.download`][fedmerge.data.download].
 
 ``CATALOG.override(entry)`` swaps one entry for the duration of a ``with`` block (tests point the
 entries at a loopback server with their own small files this way).
@@ -48,7 +48,7 @@ class DatasetFiles:
 
 
 class Catalog:
-    """Name -> :class:`DatasetFiles`, with a scoped override."""
+    """Name -> [`DatasetFiles`][fedmerge.data.catalog.DatasetFiles], with a scoped override."""
 
     def __init__(self, entries: list[DatasetFiles]) -> None:
         self._entries = {e.name: e for e in entries}

@@ -4,7 +4,7 @@ A file reaches its place in the cache only after its checksum matched (pooch dow
 temporary name beside it and moves it into place once the hash agrees). Bytes of an
 interrupted transfer wait in ``<dataset>/.partial/`` (never at the file's own name) and the next
 attempt asks the server for the rest with an HTTP ``Range`` request; a mismatch deletes them. Every
-failure is one :class:`DownloadError` line naming the URL, the file, its checksum and where to put the
+failure is one [`DownloadError`][fedmerge.data.download.DownloadError] line naming the URL, the file, its checksum and where to put the
 file by hand.
 """
 
@@ -40,7 +40,7 @@ def default_data_dir() -> Path:
 
 
 def resolve_data_dir(data_dir: str | Path | None) -> Path:
-    """The cache root: the option when given, else :func:`default_data_dir`."""
+    """The cache root: the option when given, else [`default_data_dir()`][fedmerge.data.download.default_data_dir]."""
     return Path(data_dir).expanduser() if data_dir else default_data_dir()
 
 

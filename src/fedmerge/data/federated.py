@@ -136,7 +136,7 @@ class FederatedDataset:
         return counts
 
     def plot_summary(self, path: str | Path) -> None:
-        """Save :meth:`summary_figure` as an image (creating its folder)."""
+        """Save `summary_figure()` as an image (creating its folder)."""
         fig = self.summary_figure()
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(path, dpi=120)
@@ -223,7 +223,7 @@ def build_federated_dataset(
 
     Every random step has its own generator keyed by the seed (and client id), so changing, say, the
     noise does not change the partition or the splits. With ``split.test_per_client`` the test splits
-    come from the samples ``dataset.max_samples`` left out (:mod:`fedmerge.data.heldout`).
+    come from the samples ``dataset.max_samples`` left out ([`fedmerge.data.heldout`][fedmerge.data.heldout]).
     """
     if split_cfg.test_per_client is None:
         return federate(load_pool(dataset_cfg, seed), partition_cfg, split_cfg, noise_cfg, seed)
@@ -278,8 +278,8 @@ def federate(
     seed: int,
     heldout: Pool | None = None,
 ) -> FederatedDataset:
-    """:func:`build_federated_dataset` on an already loaded pool (and, for ``split.test_per_client``, the
-    held-out pool that :func:`~fedmerge.data.pool.load_pool_and_heldout` gives with it)."""
+    """[`build_federated_dataset()`][fedmerge.data.federated.build_federated_dataset] on an already loaded pool (and, for ``split.test_per_client``, the
+    held-out pool that [`load_pool_and_heldout()`][fedmerge.data.pool.load_pool_and_heldout] gives with it)."""
     pcfg = PARTITIONERS.parse(partition_cfg) if isinstance(partition_cfg, dict) else partition_cfg
     partition = partition_for(pool, pcfg, seed)
 

@@ -1,10 +1,10 @@
 """Personal evaluation of many clients in this process, without repeated work.
 
-The per-client path (:func:`.evaluation.evaluate_client`) loads each client's weights and runs two
+The per-client path (`evaluate_client()`) loads each client's weights and runs two
 small forward passes (val, test) per client. For a global-model method every client is evaluated with
 the same weights, so that is one weight load and one forward pass per client and split where one
 pass over the concatenated splits would do; and the pooled test of the global model is the same
-pass once more. :class:`GroupedEvaluator` therefore
+pass once more. [`GroupedEvaluator`][fedmerge.engines.grouped_eval.GroupedEvaluator] therefore
 
 - evaluates the clients whose personalised model *is* their payload (the same tensor objects, shared
   by every client of a global-model method) in one pass over their concatenated val and test splits,
@@ -19,7 +19,7 @@ other kernels for 1 to 3 rows). So the rows that the per-client path predicts in
 than ``SMALL_BATCH`` (16) rows are predicted in that same batch here, and the first grouped pass of
 each split is checked against the per-client path on its largest client: on a BLAS where rows do
 depend on the batch, grouping switches itself off instead of changing a number. GPU kernels give
-no such guarantee, so :class:`~.local.LocalEngine` groups on CPU only.
+no such guarantee, so `LocalEngine` groups on CPU only.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """In-process engine: clients run one after another on one reused model object, or on one model
-object in each of ``workers`` forked worker processes (:mod:`.workers`), with the same numbers.
+object in each of ``workers`` forked worker processes (`workers`), with the same numbers.
 
 With workers, evaluation splits like this: clients whose personalised model is a payload they share
 with other clients (a global-model method's) are evaluated here in one grouped pass
-(:mod:`.grouped_eval`), which is less work than one pass per client in any number of processes;
+(`grouped_eval`), which is less work than one pass per client in any number of processes;
 clients with personalised models are evaluated in the workers."""
 
 from __future__ import annotations
@@ -37,12 +37,12 @@ class LocalEngine:
 
     Holds the client data (already on ``device``), one model object reused by every client,
     and the ClientState store keyed by client id (a dict, or ``states``: an on-disk
-    :class:`StoredStates`). Worker processes are forked on the first call
+    `StoredStates`). Worker processes are forked on the first call
     and inherit all of it; the states stay here and travel with each task. Use the engine as a
-    context manager (or call :meth:`close`) to stop the workers.
+    context manager (or call `close()`) to stop the workers.
 
     ``min_round_seconds`` (``workers: auto``): clients are trained here, timed, until the clients of a
-    round trained here have taken that long (:func:`round_work`); the round's other clients and everything
+    round trained here have taken that long ([`round_work()`][fedmerge.engines.local.round_work]); the round's other clients and everything
     after go to the workers. 0: the workers from the first round.
     """
 

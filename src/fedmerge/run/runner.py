@@ -122,7 +122,7 @@ def _run_experiment(
     data: FederatedDataset | None,
     invocation: dict[str, Any] | None,
 ) -> RunResult:
-    """:func:`run_experiment`, its run folder's lock entered on ``held``."""
+    """[`run_experiment()`][fedmerge.run.runner.run_experiment], its run folder's lock entered on ``held``."""
     notify = notify or (lambda message: None)
     if cfg.engine == "flower":
         require_flower(simulation=grid is None)

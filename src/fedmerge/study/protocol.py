@@ -95,7 +95,7 @@ def run_all(
     jobs: list[tuple[str, list[str]]], study: Study, runs: Path, workers: int, notify: Notify = _stderr
 ) -> list[Outcome]:
     """Bring every (key, overrides) run to its end, ``workers`` processes at a time, each on its share of the
-    cores (:class:`~fedmerge.sweep.launch.Launcher`).
+    cores ([`Launcher`][fedmerge.sweep.launch.Launcher]).
     A failed run is recorded (RUNS/logs/KEY.log, RUNS/status.jsonl) and the others go on."""
     todo = []
     for key, overrides in jobs:
@@ -246,7 +246,7 @@ def share_runs(study: Study, runs: Path, old_study: Study, old_runs: Path) -> in
 
 def reuse_runs(study: Study, runs: Path, other: Path) -> tuple[int, int]:
     """Copy into ``runs`` what another study's run folders (``other``) already hold of this one: its
-    matching runs (:func:`copy_matching_runs`) and each central reference whose recorded settings digest
+    matching runs ([`copy_matching_runs()`][fedmerge.study.protocol.copy_matching_runs]) and each central reference whose recorded settings digest
     is this study's. Returns (runs copied, references copied)."""
     copied = copy_matching_runs(study, runs, other)
     references = 0

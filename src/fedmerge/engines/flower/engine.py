@@ -1,6 +1,6 @@
 """The Engine protocol over a Flower Grid: one Message per selected client, each with its own arrays.
 
-The server maps Flower node ids to partition (client) ids explicitly with a handshake (:func:`connect`;
+The server maps Flower node ids to partition (client) ids explicitly with a handshake (`connect()`;
 deployed nodes also report their data file's classes and input shape, which must agree, so the server
 needs no dataset); a SuperNode that comes back with a new id is found again before each exchange; a client that
 raises or does not answer in time is dropped from that round and recorded in ``failures``; a round

@@ -7,7 +7,7 @@ the same seeding (torch's global RNG per round, client and purpose) and hence th
 
 Where a client's state lives depends on the run's mode (``protocol``):
 
-- deployment: in the node's :class:`~fedmerge.core.state_store.StateStore` on its own disk, one
+- deployment: in the node's [`StateStore`][fedmerge.core.state_store.StateStore] on its own disk, one
   version per round that produced it. It never travels. Each message names ``state_round``, the last
   round whose result from this client the server received (its update, or its evaluation), and
   ``keep_round``, the same as of the server's last checkpoint. The node first drops every version
