@@ -174,6 +174,10 @@ def test_docstrings_use_the_sites_cross_references_not_sphinx_roles():
 
     role = re.compile(r":(class|func|meth|data|mod|attr|exc|obj):`")
     src = Path(__file__).resolve().parents[1] / "src" / "fedmerge"
-    found = [f"{p.relative_to(src)}:{i}" for p in src.rglob("*.py") for i, line in enumerate(p.read_text().splitlines(), 1)
-             if role.search(line)]  # fmt: skip
+    found = [
+        f"{p.relative_to(src)}:{i}"
+        for p in src.rglob("*.py")
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if role.search(line)
+    ]
     assert not found, f"Sphinx roles in docstrings: {found[:5]}"
