@@ -153,7 +153,8 @@ def test_two_pages_open_in_headless_chromium_with_navigation_and_no_errors(site,
       tabs: [...document.querySelectorAll('.md-tabs__link')].map(a => a.textContent.trim()),
       links: document.querySelectorAll('nav.md-nav--primary a.md-nav__link').length,
       title: document.querySelector('article h1') && document.querySelector('article h1').textContent.trim(),
-      tables: document.querySelectorAll('article table').length})"""
+      tables: document.querySelectorAll('article table').length,
+      cut: [...document.querySelectorAll('article pre code')].filter(c => c.scrollWidth > c.clientWidth + 1).length})"""
     try:
         for path, title in (("", "fedmerge"), ("methods/merging/", "Model merging: FedMerge")):
             shot = tmp_path / f"{path.strip('/').replace('/', '_') or 'home'}.png"
@@ -164,6 +165,9 @@ def test_two_pages_open_in_headless_chromium_with_navigation_and_no_errors(site,
             assert {"Getting started", "User guide", "How-to", "Methods", "API reference"} <= set(seen["tabs"]), seen
             assert seen["links"] > 20 and seen["tables"] >= 1, seen
             assert shot.stat().st_size > 10_000
+        # long command lines wrap, none cut at the column's edge (17 of deployment.md's 20 blocks were)
+        deployment = json.loads(open_url(f"{base}/deployment/", probe, tmp_path / "deployment.png").value)
+        assert deployment["cut"] == 0, deployment
     finally:
         server.shutdown()
 
