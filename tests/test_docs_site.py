@@ -89,6 +89,21 @@ def test_hook_renders_the_schema_and_refuses_an_unknown_name():
         hooks.expand("<!-- options: algorithm fedprx -->")
 
 
+def test_the_options_page_has_a_table_for_every_section_dataset_partitioner_and_model():
+    from mkdocs.exceptions import PluginError
+
+    hooks = load_hooks()
+    page = (Path(__file__).resolve().parents[1] / "docs" / "reference" / "options.md").read_text()
+    out = hooks.on_page_markdown(page, page=None)
+    want = [markdown_table(catalog.config_class(kind)) for kind in catalog.SECTIONS]
+    for kind in ("dataset", "partition", "model"):
+        want += [markdown_table(e.config) for e in catalog.REGISTRIES[kind].entries()]
+        assert all(f"`{kind}.name: {e.name}`" in out for e in catalog.REGISTRIES[kind].entries())
+    assert all(table in out for table in want) and "options-all" not in out
+    with pytest.raises(PluginError, match="unknown kind 'datasets'"):
+        hooks.expand("<!-- options-all: datasets -->")
+
+
 def mkdocs_build(config: Path, site: Path) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(config), "-d", str(site)]
     return subprocess.run(
