@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU checks and timings in one call (a lent GPU machine has little time): every method on CUDA next
-# to CPU, the FedAvg round against a plain loop (sequential and vectorised engines), and FedMerge's
-# server step against its read-once floor, and the round against the hardware floor (floor.py). Output goes to stdout and, when set, to files under $OUT.
+# to CPU, the FedAvg round against a plain loop (sequential and vectorised engines), FedMerge's server
+# step against its read-once floor, and each method's round against the GPU's own floor (floor.py).
+# Output goes to stdout and, when set, to files under $OUT.
 #   bash benchmarks/gpu.sh            # from the repository root, with fedmerge importable
 set -u
 export PYTHONUNBUFFERED=1
