@@ -20,6 +20,7 @@ from fedmerge.config.schema import ConfigError, load_config
 from fedmerge.core.algorithm import ALGORITHMS
 from fedmerge.core.loop import RoundFailed
 from fedmerge.engines import workers
+from fedmerge.engines.local import LocalEngine
 from fedmerge.engines.workers import Channel
 from fedmerge.run.runner import run_experiment
 
@@ -71,6 +72,27 @@ def test_superfed_with_default_threads_same_on_one_and_two_workers(tmp_path):
 def test_workers_match_sequential_bit_for_bit(tmp_path, algorithm):
     one = run(quick_config(*algorithm, "rounds=3", "model.name=twonn", "workers=1"), tmp_path / "one")
     two = run(quick_config(*algorithm, "rounds=3", "model.name=twonn", "workers=2"), tmp_path / "two")
+    assert_runs_identical(one.run_dir, two.run_dir)
+
+
+@pytest.mark.parametrize("method", ["fedavg", "ditto"])
+def test_evaluation_passes_shared_by_the_workers_match_one_process_bit_for_bit(tmp_path, monkeypatch, method):
+    # FedAvg's grouped pass over every client's rows and Ditto's pooled test of its global model run as whole
+    # batches in the workers (eval_batch_size 32: several batches each); every metric stays that of one process
+    spread: list[bool] = []
+    shared = LocalEngine._forward_in_workers
+
+    def counted(engine, *args):
+        out = shared(engine, *args)
+        spread.append(out is not None)
+        return out
+
+    monkeypatch.setattr(LocalEngine, "_forward_in_workers", counted)
+    case = [f"algorithm.name={method}", "rounds=2", "model.name=twonn", "eval_batch_size=32"]
+    one = run(quick_config(*case, "workers=1"), tmp_path / "one")
+    assert not any(spread)
+    two = run(quick_config(*case, "workers=2"), tmp_path / "two")
+    assert any(spread), "no evaluation pass ran in the workers"
     assert_runs_identical(one.run_dir, two.run_dir)
 
 
