@@ -156,10 +156,19 @@ class LocalEngine:
         return evaluate_client(algorithm, payload, data, ClientState(), ctx, self.eval_batch_size, variants), kept
 
     def _batches_one(
-        self, algorithm: Algorithm, rnd: int, part: int, payload: Payload, rows: tuple[torch.Tensor, list[int]]
+        self,
+        algorithm: Algorithm,
+        rnd: int,
+        part: int,
+        payload: Payload,
+        rows: tuple[torch.Tensor, tuple[int, ...], list[int]],
     ) -> torch.Tensor:
-        """Logits of the weights ``payload`` on the rows ``rows[0]``, in the batches that end at ``rows[1]``."""
-        x, ends = rows
+        """Logits of the weights ``payload`` on the rows ``rows[0]``, laid out with the strides ``rows[1]`` (as in the
+        sending process: a convolution takes another kernel for another layout, e.g. channels-last strides,
+        which changes the last bits), in the batches that end at ``rows[2]``."""
+        x, strides, ends = rows
+        if x.stride() != strides:
+            x = torch.empty_strided(x.shape, strides, dtype=x.dtype).copy_(x)
         load_state(self.model, payload.tensors)
         return forward_batches(self.model, x, ends)
 
@@ -191,7 +200,8 @@ class LocalEngine:
         for i in range(parts):
             first, last = cuts[i], cuts[i + 1] - 1
             a = starts[first]
-            tasks.append(("forward", 0, i, payload, (x[a : ends[last]], [e - a for e in ends[first : last + 1]])))
+            part = x[a : ends[last]]  # sent contiguous: its strides travel with it
+            tasks.append(("forward", 0, i, payload, (part, part.stride(), [e - a for e in ends[first : last + 1]])))
         out = self._pool.map(tasks)
         return torch.cat([out[i] for i in range(parts)])
 
