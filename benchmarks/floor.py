@@ -13,8 +13,8 @@ alike):
 2. **The floor** of a round: ``train = samples trained x models trained per sample / (processes x train
    rate)``, ``eval = rows evaluated / (processes x forward rate)``, ``server = values the server reads /
    read rate`` (:func:`floor_seconds`). Rows evaluated: every client's validation and test rows once per
-   model it is evaluated with, and the pooled test rows once more when the global model is not already the
-   model every client is evaluated with (FedAvg's pooled test is the clients' own test pass).
+   model it is evaluated with, and, for a method with a global model, the pooled test rows once more unless
+   that model is the one every client is evaluated with (FedAvg's pooled test is the clients' own test pass).
 3. **The run**: the default round of the PFLlib-style setting (Fashion-MNIST, 20 clients, Dirichlet 0.1,
    TwoCNN, batch 10, 1 local epoch, 75% of each client's rows for training, evaluation every round) with our
    defaults, for FedAvg, Ditto and FedMerge. ``fit`` and ``eval`` are the medians over rounds 2.. of
@@ -79,14 +79,15 @@ SMOKE = ["dataset.max_samples=400", "partition.num_clients=4", "model.hidden=32"
 class Method:
     overrides: list[str]
     models_trained: int  # forward + backward passes per training sample (Ditto trains w and v on each batch)
+    pooled_test: bool  # a global model tested on the pooled test rows (FedMerge has none)
     evaluates_global: bool  # every client is evaluated with the global model: the pooled test is its test pass
     server_models: int  # model-sized vectors the server reads besides the round's updates (FedMerge: its d models)
 
 
 METHODS = {
-    "fedavg": Method(["algorithm.name=fedavg"], 1, True, 0),
-    "ditto": Method(["algorithm.name=ditto"], 2, False, 0),
-    "fedmerge": Method(["algorithm.name=fedmerge"], 1, False, 5),  # num_models' default
+    "fedavg": Method(["algorithm.name=fedavg"], 1, True, True, 0),
+    "ditto": Method(["algorithm.name=ditto"], 2, True, False, 0),
+    "fedmerge": Method(["algorithm.name=fedmerge"], 1, False, False, 5),  # num_models' default
 }
 
 
@@ -121,7 +122,7 @@ def floor_seconds(work: Work, rates: Rates) -> dict[str, float]:
 
 def round_work(method: Method, train: list[int], val: list[int], test: list[int], epochs: int, params: int) -> Work:
     """The work of one round of ``method`` with every client taking part and evaluated (row counts per client)."""
-    eval_rows = sum(val) + sum(test) + (0 if method.evaluates_global else sum(test))
+    eval_rows = sum(val) + sum(test) + (sum(test) if method.pooled_test and not method.evaluates_global else 0)
     server = (len(train) + method.server_models) * params
     return Work(float(sum(train) * epochs * method.models_trained), float(eval_rows), float(server))
 
