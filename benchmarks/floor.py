@@ -42,7 +42,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, astuple, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -356,22 +356,30 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     params = sum(p.numel() for p in build().state_dict().values())
     x = torch.cat([c.x_train for c in clients])
     y = torch.cat([c.y_train for c in clients])
-    rates, detail = measure_rates(
-        build, x, y, cfg.algorithm.batch_size, cfg.eval_batch_size, processes, cfg.threads, device,
-        args.seconds, args.windows, params, len(clients),
-    )  # fmt: skip
+
+    def rates_now() -> tuple[Rates, dict[str, Any]]:
+        return measure_rates(
+            build, x, y, cfg.algorithm.batch_size, cfg.eval_batch_size, processes, cfg.threads, device,
+            args.seconds, args.windows, params, len(clients),
+        )  # fmt: skip
+
+    def throughput(when: str, r: Rates) -> str:
+        return (
+            f"throughput {when}, {processes} process(es) at once: training {r.train:.0f} samples/s per process, "
+            f"forward {r.forward:.0f} rows/s per process; server reads {r.read / 1e9:.2f} G values/s"
+        )
+
+    rates, detail = rates_now()
     train_n = [int(c.y_train.shape[0]) for c in clients]
     val_n = [int(c.y_val.shape[0]) for c in clients]
     test_n = [int(c.y_test.shape[0]) for c in clients]
     print(
         f"setting: {cfg.dataset.name}, {len(clients)} clients, {sum(train_n)} training rows, "
         f"{sum(val_n) + sum(test_n)} validation + test rows, {cfg.model.name} ({params} parameters), batch "
-        f"{cfg.algorithm.batch_size}, evaluation batch {cfg.eval_batch_size}, device {device.type}"
+        f"{cfg.algorithm.batch_size}, evaluation batch {cfg.eval_batch_size}, device {device.type}, "
+        f"{processes} process(es) ({resolved.reason})"
     )
-    print(
-        f"throughput, {processes} process(es) at once ({resolved.reason}): training {rates.train:.0f} samples/s "
-        f"per process, forward {rates.forward:.0f} rows/s per process; server reads {rates.read / 1e9:.2f} G values/s"
-    )
+    print(throughput("at the start", rates))
     report: dict[str, Any] = {
         "machine": machine(),
         "setting": base,
@@ -389,14 +397,26 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             if method.server_models:  # FedMerge's d models, as configured
                 method = replace(method, server_models=int(getattr(algo, "num_models", method.server_models)))
             work = round_work(method, train_n, val_n, test_n, algo.local_epochs, params)
-            floor = floor_seconds(work, rates)
             run = timed_run([*base, *method.overrides], Path(tmp) / name)
+            # the rates on either side of the run, averaged: a machine whose load drifts moves both alike
+            after, _ = rates_now()
+            around = Rates(*(statistics.mean(pair) for pair in zip(astuple(rates), astuple(after))))
+            around = replace(around, processes=processes)
+            floor = floor_seconds(work, around)
             ratios = {
                 "round": run["round"] / floor["round"],
                 "eval": run["eval"] / floor["eval"],
                 "fit": run["fit"] / (floor["train"] + floor["server"]),
             }
-            report["methods"][name] = {"work": asdict(work), "floor": floor, "run": run, "ratios": ratios}
+            print(throughput(f"after {name}", after))
+            report["methods"][name] = {
+                "work": asdict(work),
+                "rates": {"before": asdict(rates), "after": asdict(after), "used": asdict(around)},
+                "floor": floor,
+                "run": run,
+                "ratios": ratios,
+            }
+            rates = after  # the next method's "before"
             print(
                 f"{name:<9} round {run['round']:.3f} s (fit {run['fit']:.3f} = clients {run['clients_fit']:.3f} + "
                 f"server {run['server']:.3f}; eval {run['eval']:.3f} = clients {run['eval_clients']:.3f} + global "
