@@ -8,8 +8,10 @@ alike):
    one per core available, at most the clients per round; each with the run's ``threads``, 1), all of them
    at once: training steps of the plain loop (zero_grad, forward, cross-entropy, backward, SGD step) at the
    training batch size, and no-grad forward passes at the evaluation batch size, on the setting's own rows.
-   Each process's rate is its best of ``--windows`` timed windows; the floor uses their mean. The server's
-   rate is that of a plain weighted sum over flat vectors of the model's size in the run's process.
+   Each process's rate is its best of ``--windows`` timed windows, and their mean is taken. The server's
+   rate is that of a plain weighted sum over flat vectors of the model's size in the run's process. The
+   rates are measured at the start and after each method's run; a method's floor uses the mean of those on
+   either side of its run (a load that drifts moves both).
 2. **The floor** of a round: ``train = samples trained x models trained per sample / (processes x train
    rate)``, ``eval = rows evaluated / (processes x forward rate)``, ``server = values the server reads /
    read rate`` (:func:`floor_seconds`). Rows evaluated: every client's validation and test rows once per
