@@ -36,7 +36,8 @@ def model_weights(ctx: ClientContext) -> StateDict:
 def gap_subset(data: ClientDataLike, ctx: ClientContext, samples: int) -> tuple[torch.Tensor, torch.Tensor]:
     """A fixed subset (same every round) of up to ``samples`` training examples, for the local-global
     gap. Empty when ``samples`` is 0 (the default ``gap_samples``): the losses are then NaN, cost
-    nothing (no draw, no forward pass: [`gap_loss()`][fedmerge.algorithms.base.gap_loss]), and the round loop leaves the gap out."""
+    nothing (no draw, no forward pass: [`gap_loss()`][fedmerge.algorithms.base.gap_loss]), and the round loop leaves
+    the gap out."""
     if samples == 0:
         return data.x_train[:0], data.y_train[:0]
     n = int(data.y_train.shape[0])

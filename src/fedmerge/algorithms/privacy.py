@@ -459,7 +459,8 @@ def build_algorithm(
     rounds: int = 1,
     participation: float = 1.0,
 ) -> Algorithm:
-    """The configured method, wrapped in [`PrivateAlgorithm`][fedmerge.algorithms.privacy.PrivateAlgorithm] when ``privacy`` is set (runner and
+    """The configured method, wrapped in [`PrivateAlgorithm`][fedmerge.algorithms.privacy.PrivateAlgorithm] when
+    ``privacy`` is set (runner and
     Flower's ClientApp build it the same way)."""
     algorithm = ALGORITHMS.get(config.name).obj(config, model_factory, num_clients, seed)
     if privacy is None or not privacy.differential:  # secure aggregation alone changes no client or server math

@@ -1,5 +1,6 @@
 """Where a config's raw values come from, before validation: YAML files (read strictly: no repeated key, no
-empty file) and command-line ``key.path=value`` overrides, merged into one dict ([`fedmerge.config.schema`][fedmerge.config.schema]
+empty file) and command-line ``key.path=value`` overrides, merged into one dict
+([`fedmerge.config.schema`][fedmerge.config.schema]
 validates it)."""
 
 from __future__ import annotations

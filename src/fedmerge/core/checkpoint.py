@@ -191,7 +191,8 @@ def newest_checkpoint_file(folder: Path) -> Path | None:
 
 
 def parse_checkpoint(path: Path, data: bytes | None = None, with_clients: bool = True) -> Checkpoint:
-    """Read one checkpoint file as it is (no checksum: [`load_checkpoint()`][fedmerge.core.checkpoint.load_checkpoint] verifies one first)."""
+    """Read one checkpoint file as it is (no checksum: [`load_checkpoint()`][fedmerge.core.checkpoint.load_checkpoint]
+    verifies one first)."""
     path = Path(path)
     if data is None:
         if not path.is_file():

@@ -1,13 +1,16 @@
 """Differential-privacy mechanisms and their accounting (docs/deployment.md, "Privacy").
 
-- [`PrivateGradients`][fedmerge.core.privacy.PrivateGradients]: DP-SGD's step (Abadi et al. 2016) inside `local_sgd()`: every
+- [`PrivateGradients`][fedmerge.core.privacy.PrivateGradients]: DP-SGD's step (Abadi et al. 2016) inside `local_sgd()`:
+  every
   sample's gradient of the task loss, clipped to ``clip`` in L2 norm, summed, Gaussian noise of standard
   deviation ``noise_multiplier * clip`` added, divided by the expected batch size (Poisson batches).
 - [`clip_to_norm()`][fedmerge.core.privacy.clip_to_norm]: the server's side of user-level (central) DP.
-- [`Ledger`][fedmerge.core.privacy.Ledger]: the RDP accountant's history ``[(noise multiplier, sample rate, steps), ...]``, kept in
+- [`Ledger`][fedmerge.core.privacy.Ledger]: the RDP accountant's history ``[(noise multiplier, sample rate, steps),
+  ...]``, kept in
   the same merged form as Opacus's ``RDPAccountant`` so that the epsilon is Opacus's to the bit.
 
-Every noise draw and every private sample comes from a [`NoiseSource`][fedmerge.core.privacy.NoiseSource]: a generator keyed by a secret
+Every noise draw and every private sample comes from a [`NoiseSource`][fedmerge.core.privacy.NoiseSource]: a generator
+keyed by a secret
 that only the party adding the noise holds (a client's, kept in its own state; the server's, in the server
 state), never by the run's seed, which the server sends and ``config.yaml`` publishes. Opacus is imported
 only for accounting (``pip install -e '.[privacy]'``).

@@ -295,7 +295,8 @@ class MemoryStates(dict):
 
 
 class StoredStates(Mapping):
-    """A read-only mapping view of a [`StateStore`][fedmerge.core.state_store.StateStore] (each client's newest state, on ``device``),
+    """A read-only mapping view of a [`StateStore`][fedmerge.core.state_store.StateStore] (each client's newest state,
+    on ``device``),
     with ``put``: what an engine holds instead of a [`MemoryStates`][fedmerge.core.state_store.MemoryStates] dict."""
 
     def __init__(self, store: StateStore, device: Any = None) -> None:

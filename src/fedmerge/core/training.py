@@ -82,8 +82,10 @@ def batch_slices(n: int, batch_size: int) -> list[slice]:
 
 
 def planned_steps(n: int, cfg: LocalTraining) -> int:
-    """Local steps of one call of [`local_sgd()`][fedmerge.core.training.local_sgd] on ``n`` samples: ``local_steps``, or ``local_epochs``
-    passes of [`batch_slices()`][fedmerge.core.training.batch_slices]' batches (DP-SGD's Poisson batches are as many)."""
+    """Local steps of one call of [`local_sgd()`][fedmerge.core.training.local_sgd] on ``n`` samples: ``local_steps``,
+    or ``local_epochs``
+    passes of [`batch_slices()`][fedmerge.core.training.batch_slices]' batches (DP-SGD's Poisson batches are as
+    many)."""
     if n == 0:
         return 0
     return cfg.local_steps if cfg.local_steps is not None else cfg.local_epochs * len(batch_slices(n, cfg.batch_size))
@@ -144,7 +146,8 @@ def local_sgd(
     Without it the task loss is the model's own ``task_loss(output, x, y)`` when it has one (a model
     that is not a classifier, ``causal_lm_lora``), else the mean cross-entropy.
 
-    Hooks, each called with the [`Step`][fedmerge.core.training.Step] in progress, in this order: ``before_forward`` (the
+    Hooks, each called with the [`Step`][fedmerge.core.training.Step] in progress, in this order: ``before_forward``
+    (the
     batch is drawn, nothing computed yet), ``extra_loss`` (added to the task loss; ``step.logits``
     is set), ``before_step`` (gradients are ready) and ``after_step`` (after the optimiser step,
     gradients still in place: LIVAR's path-integral importance reads the step's change there).

@@ -128,7 +128,8 @@ def check_out_dir(out_dir: Path, *, force: bool) -> None:
 
 
 def prepare_out_dir(out_dir: Path, *, force: bool) -> None:
-    """[`check_out_dir()`][fedmerge.data.client_files.check_out_dir], then create the folder and check that it is writable."""
+    """[`check_out_dir()`][fedmerge.data.client_files.check_out_dir], then create the folder and check that it is
+    writable."""
     check_out_dir(out_dir, force=force)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)

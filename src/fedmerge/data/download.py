@@ -4,7 +4,8 @@ A file reaches its place in the cache only after its checksum matched (pooch dow
 temporary name beside it and moves it into place once the hash agrees). Bytes of an
 interrupted transfer wait in ``<dataset>/.partial/`` (never at the file's own name) and the next
 attempt asks the server for the rest with an HTTP ``Range`` request; a mismatch deletes them. Every
-failure is one [`DownloadError`][fedmerge.data.download.DownloadError] line naming the URL, the file, its checksum and where to put the
+failure is one [`DownloadError`][fedmerge.data.download.DownloadError] line naming the URL, the file, its checksum and
+where to put the
 file by hand.
 """
 

@@ -278,7 +278,8 @@ def federate(
     seed: int,
     heldout: Pool | None = None,
 ) -> FederatedDataset:
-    """[`build_federated_dataset()`][fedmerge.data.federated.build_federated_dataset] on an already loaded pool (and, for ``split.test_per_client``, the
+    """[`build_federated_dataset()`][fedmerge.data.federated.build_federated_dataset] on an already loaded pool (and,
+    for ``split.test_per_client``, the
     held-out pool that [`load_pool_and_heldout()`][fedmerge.data.pool.load_pool_and_heldout] gives with it)."""
     pcfg = PARTITIONERS.parse(partition_cfg) if isinstance(partition_cfg, dict) else partition_cfg
     partition = partition_for(pool, pcfg, seed)

@@ -119,7 +119,8 @@ def stratified_subsample(pool: Pool, max_samples: int, seed: int = 0) -> Pool:
 
 
 def subsample_rows(pool: Pool, max_samples: int, seed: int = 0) -> np.ndarray:
-    """The rows (ascending) that [`stratified_subsample()`][fedmerge.data.pool.stratified_subsample] keeps; every row when ``max_samples`` covers
+    """The rows (ascending) that [`stratified_subsample()`][fedmerge.data.pool.stratified_subsample] keeps; every row
+    when ``max_samples`` covers
     the pool."""
     if max_samples >= len(pool):
         return np.arange(len(pool))
@@ -136,7 +137,8 @@ def subsample_rows(pool: Pool, max_samples: int, seed: int = 0) -> np.ndarray:
 
 
 def to_float32(x: np.ndarray) -> np.ndarray:
-    """``x`` as float32; values beyond its range become +-Inf silently ([`require_finite()`][fedmerge.data.pool.require_finite] counts them)."""
+    """``x`` as float32; values beyond its range become +-Inf silently
+    ([`require_finite()`][fedmerge.data.pool.require_finite] counts them)."""
     with np.errstate(over="ignore"):
         return x.astype(np.float32)
 
@@ -189,7 +191,8 @@ def load_pool(dataset_cfg: ComponentConfig | dict, seed: int | None = None) -> P
 
 
 def load_pool_and_heldout(dataset_cfg: ComponentConfig | dict, seed: int | None = None) -> tuple[Pool, Pool]:
-    """The pool [`load_pool()`][fedmerge.data.pool.load_pool] gives, and the held-out pool: every sample of the dataset that
+    """The pool [`load_pool()`][fedmerge.data.pool.load_pool] gives, and the held-out pool: every sample of the dataset
+    that
     ``max_samples``' subsample leaves out (empty without ``max_samples``). No client is ever given a
     held-out sample, so they can serve as test data (``split.test_per_client``)."""
     cfg = dataset_config(dataset_cfg, seed)

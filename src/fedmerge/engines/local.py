@@ -43,7 +43,8 @@ class LocalEngine:
     context manager (or call `close()`) to stop the workers.
 
     ``min_round_seconds`` (``workers: auto``): clients are trained here, timed, until the clients of a
-    round trained here have taken that long ([`round_work()`][fedmerge.engines.local.round_work]); the round's other clients and everything
+    round trained here have taken that long ([`round_work()`][fedmerge.engines.local.round_work]); the round's other
+    clients and everything
     after go to the workers. 0: the workers from the first round.
     """
 

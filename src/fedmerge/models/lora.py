@@ -4,7 +4,8 @@ A backbone is loaded once per process and device, LoRA layers are injected into 
 is frozen and shared by every model instance: it is *not* a registered submodule, so ``state_dict()``,
 ``parameters()`` and everything an algorithm sees (and every payload) are the adapters plus whatever
 the model adds (a classification head). Each instance owns its adapter tensors
-([`LoRAAdapters`][fedmerge.models.lora.LoRAAdapters]); a forward pass runs the shared module through ``torch.func.functional_call``
+([`LoRAAdapters`][fedmerge.models.lora.LoRAAdapters]); a forward pass runs the shared module through
+``torch.func.functional_call``
 with them substituted for the backbone's own (unused) LoRA weights.
 
 What builds the backbone depends on the model: a loader registered by ``kind`` (``LOADERS``) returns

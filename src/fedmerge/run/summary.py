@@ -133,7 +133,8 @@ DIVERGED_FACTOR = 10.0
 
 def divergence(rows: list[dict[str, Any]], num_classes: int | None) -> str | None:
     """One line when the last round's mean training loss is not finite or more than
-    [`DIVERGED_FACTOR`][fedmerge.run.summary.DIVERGED_FACTOR] times ``ln(num_classes)``, the loss of predicting every class equally (a run
+    [`DIVERGED_FACTOR`][fedmerge.run.summary.DIVERGED_FACTOR] times ``ln(num_classes)``, the loss of predicting every
+    class equally (a run
     with too large a learning rate ends "done" at chance accuracy); None otherwise, and for models with
     their own task loss (``num_classes`` None)."""
     if not rows or not num_classes or num_classes < 2 or "train_loss" not in rows[-1]:

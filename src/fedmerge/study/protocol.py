@@ -246,7 +246,8 @@ def share_runs(study: Study, runs: Path, old_study: Study, old_runs: Path) -> in
 
 def reuse_runs(study: Study, runs: Path, other: Path) -> tuple[int, int]:
     """Copy into ``runs`` what another study's run folders (``other``) already hold of this one: its
-    matching runs ([`copy_matching_runs()`][fedmerge.study.protocol.copy_matching_runs]) and each central reference whose recorded settings digest
+    matching runs ([`copy_matching_runs()`][fedmerge.study.protocol.copy_matching_runs]) and each central reference
+    whose recorded settings digest
     is this study's. Returns (runs copied, references copied)."""
     copied = copy_matching_runs(study, runs, other)
     references = 0

@@ -4,7 +4,8 @@ Each run is its own ``fedmerge run`` process, so its provenance holds a command 
 alone. A job names the folder of its run (``fedmerge run --out``: the run folder itself) or the folder
 in which its run folder is made (``--output-dir``); a run already started there continues from its
 checkpoint (``--resume``), a finished one is not started again. A folder made with other settings is
-named by [`config_difference()`][fedmerge.sweep.launch.config_difference], for the caller to refuse before anything runs. Each attempt's output
+named by [`config_difference()`][fedmerge.sweep.launch.config_difference], for the caller to refuse before anything
+runs. Each attempt's output
 is appended to its log and its outcome to a status file (one JSON line). Every process gets its share of
 the cores, ``cores // jobs``, so that parallel runs neither oversubscribe the cores nor leave them idle: as
 ``FEDMERGE_CORES``, which a run's ``workers: auto`` uses for worker processes of one thread each (the numbers

@@ -3,7 +3,8 @@
 One client per (play, role), named ``"PLAY: ROLE"`` (``"King Lear: KENT"``); a sample is 80 characters of
 the role's text and the character after it, over LEAF's 80-symbol alphabet (characters outside it read
 as the space, as in [`fedmerge.data.sources.leaf`][fedmerge.data.sources.leaf]). Plays and roles come from
-[`fedmerge.data.sources.play_roles`][fedmerge.data.sources.play_roles]. Split each client with ``split.test_fraction`` (SuPerFed: 0.2).
+[`fedmerge.data.sources.play_roles`][fedmerge.data.sources.play_roles]. Split each client with ``split.test_fraction``
+(SuPerFed: 0.2).
 
 Defaults give a small natural partition (72 roles, 14,400 samples): five tragedies, the roles with at
 least 1,000 samples, at most 200 samples per role (a seeded draw). The paper's scale (SuPerFed:

@@ -1,4 +1,5 @@
-"""Finding the federation on a Flower Grid: which node holds which client (a handshake, [`connect()`][fedmerge.engines.flower.federation.connect]), what
+"""Finding the federation on a Flower Grid: which node holds which client (a handshake,
+[`connect()`][fedmerge.engines.flower.federation.connect]), what
 deployed nodes report of their data (classes and input shape, which must agree), newcomers, and the one
 send-and-receive that polls until replies or the timeout."""
 
