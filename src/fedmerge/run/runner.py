@@ -329,24 +329,15 @@ def run_from_files(
                 f"only {sorted(RESUME_OVERRIDABLE)} may be overridden"
             )
         cfg = load_config(store.read_config_path(), overrides, resolve_paths=False)  # as recorded
-        return run_experiment(
-            cfg,
-            store.dir,
-            resume=True,
-            show_progress=show_progress,
-            grid=grid,
-            deployment=deployment,
-            pooled_test=pooled_test,
-            checkpoint=checkpoint,
-            notify=notify,
-            invocation=invocation,
-        )
-    cfg = load_tuned_config(config_path, overrides, tuned) if tuned else load_config(config_path, overrides)
-    if run_dir is not None:
-        check_new_run_folder(run_dir, "--out")
+        where: dict[str, Any] = {"run_dir": store.dir, "resume": True, "checkpoint": checkpoint}
+    else:
+        cfg = load_tuned_config(config_path, overrides, tuned) if tuned else load_config(config_path, overrides)
+        if run_dir is not None:
+            check_new_run_folder(run_dir, "--out")
+        where = {"run_dir": run_dir}
     return run_experiment(
         cfg,
-        run_dir,
+        **where,
         show_progress=show_progress,
         grid=grid,
         deployment=deployment,
