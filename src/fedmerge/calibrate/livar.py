@@ -25,12 +25,11 @@ from typing import Any
 
 import numpy as np
 import torch
-from pydantic import BaseModel
 
 from fedmerge.algorithms.base import train_received
 from fedmerge.algorithms.importance import PathIntegralImportance, lora_layers
 from fedmerge.algorithms.shap_table import ShapTable, bins_against
-from fedmerge.config.schema import ConfigError, make_folder
+from fedmerge.config.schema import ConfigError, ExperimentConfig, make_folder
 from fedmerge.core.algorithm import ClientContext
 from fedmerge.core.seeding import torch_generator
 from fedmerge.core.training import LocalTraining
@@ -69,7 +68,7 @@ def percent_rank(values: np.ndarray) -> np.ndarray:
     return (rankdata(values) - 1) / (values.size - 1) * 100.0
 
 
-def collect_samples(cfg: BaseModel, repeats: int, log: Callable[[str], None] = print) -> list[dict[str, float]]:
+def collect_samples(cfg: ExperimentConfig, repeats: int, log: Callable[[str], None] = print) -> list[dict[str, float]]:
     """Steps 1-2: one (client, layer) row per sample with s_A, s_B, their percent ranks and lambda."""
     from scipy.optimize import nnls
 
@@ -178,7 +177,7 @@ def plot_dependence(rows: list[dict[str, float]], values: np.ndarray, table: Sha
 
 
 def calibrate(
-    cfg: BaseModel,
+    cfg: ExperimentConfig,
     out_dir: str | Path,
     repeats: int = 3,
     trees: int = 200,

@@ -37,10 +37,10 @@ from fedmerge.config.sources import infer_dataset_name as infer_dataset_name
 from fedmerge.config.sources import merge as merge
 from fedmerge.config.sources import parse_override as parse_override
 from fedmerge.config.sources import read_yaml as read_yaml
-from fedmerge.core.algorithm import BUILTIN_DEFAULTS
+from fedmerge.core.algorithm import BUILTIN_DEFAULTS, AlgorithmConfig
 from fedmerge.core.loop import EVAL_CLIENTS_HELP, parse_eval_clients
 from fedmerge.core.plugins import PluginError, import_plugins, load_installed
-from fedmerge.core.registry import registry_version
+from fedmerge.core.registry import ComponentConfig, registry_version
 from fedmerge.data import DATASETS, PARTITIONERS, NoiseConfig, SplitConfig
 from fedmerge.models import MODELS
 
@@ -223,7 +223,21 @@ class RunSettings(BaseModel):
         return value
 
 
-def experiment_model() -> type[BaseModel]:
+class ExperimentConfig(RunSettings):
+    """The static type of a validated config (what [`load_config()`][fedmerge.config.schema.load_config]
+    returns): each component section typed by its base class. The schema validated at run time
+    ([`experiment_model()`][fedmerge.config.schema.experiment_model]) derives from it, narrowing each component
+    section to the union of the registered components' configs."""
+
+    dataset: ComponentConfig
+    partition: ComponentConfig
+    split: SplitConfig = SplitConfig()
+    noise: NoiseConfig = NoiseConfig()
+    model: ComponentConfig
+    algorithm: AlgorithmConfig
+
+
+def experiment_model() -> type[ExperimentConfig]:
     """The full schema, built from the registries after the installed plugins registered their components;
     built again when a component is registered later (a plugin a config names, a test's own method)."""
     load_plugins(())
@@ -231,10 +245,10 @@ def experiment_model() -> type[BaseModel]:
 
 
 @lru_cache(maxsize=1)
-def _experiment_model(version: int) -> type[BaseModel]:
+def _experiment_model(version: int) -> type[ExperimentConfig]:
     return create_model(
         "ExperimentConfig",
-        __base__=RunSettings,
+        __base__=ExperimentConfig,
         dataset=(DATASETS.config_union(), ...),
         partition=(PARTITIONERS.config_union(), ...),
         split=(SplitConfig, SplitConfig()),
@@ -275,7 +289,7 @@ def absolute_paths(data: dict[str, Any]) -> dict[str, Any]:
 
 def load_config(
     path: str | Path | None = None, overrides: list[str] | None = None, *, resolve_paths: bool = True
-) -> BaseModel:
+) -> ExperimentConfig:
     """The config of a file (None: the built-in default) and ``key.path=value`` overrides. ``resolve_paths``:
     relative dataset paths become absolute (a resume keeps those its run folder recorded: its digest)."""
     user = read_yaml(Path(path)) if path is not None else {}
@@ -303,7 +317,7 @@ def builtin_algorithm_keys(user: dict[str, Any], overrides: list[str]) -> frozen
     return frozenset(key for key in DEFAULT_CONFIG["algorithm"] if key not in written)
 
 
-def validate(data: dict[str, Any], builtin_algorithm: frozenset[str] = frozenset()) -> BaseModel:
+def validate(data: dict[str, Any], builtin_algorithm: frozenset[str] = frozenset()) -> ExperimentConfig:
     load_plugins(data.get("plugins"))
     if data.get("name") is None:
         data = {**data, "name": default_name(data)}
@@ -322,7 +336,7 @@ def validate(data: dict[str, Any], builtin_algorithm: frozenset[str] = frozenset
 ONE_MODEL_PER_CLIENT = (("ifca", "num_clusters", "cluster models"),)
 
 
-def impossible_setting(cfg: BaseModel) -> str | None:
+def impossible_setting(cfg: ExperimentConfig) -> str | None:
     """A valid-looking setting that cannot work: more IFCA clusters than training clients (each client
     picks one cluster, so the extra ones would never be trained)."""
     from fedmerge.data.unseen import unseen_count
@@ -453,13 +467,13 @@ def first_config_difference(old: dict[str, Any], new: dict[str, Any], prefix: st
     return None
 
 
-def config_warnings(cfg: BaseModel) -> list[str]:
+def config_warnings(cfg: ExperimentConfig) -> list[str]:
     """Valid but most likely unintended settings (one line each): each method says its own."""
     hook = getattr(cfg.algorithm, "warnings", None)  # a plugin's config may not derive from AlgorithmConfig
     return list(hook(cfg.rounds)) if callable(hook) else []
 
 
-def defaults_left_out(cfg: BaseModel) -> dict[str, Any]:
+def defaults_left_out(cfg: ExperimentConfig) -> dict[str, Any]:
     """Keys added after run folders existed, left out of config.yaml (and the digest) at their default, as
     a pydantic ``exclude`` mapping (nested keys under their section)."""
     left_out: dict[str, Any] = {"eval_clients": True} if getattr(cfg, "eval_clients", "all") == "all" else {}
@@ -489,6 +503,6 @@ NESTED_ADDED_KEYS = (
 )
 
 
-def to_yaml(cfg: BaseModel) -> str:
+def to_yaml(cfg: ExperimentConfig) -> str:
     exclude = {k: True for k in ("flower", "log", "state") if getattr(cfg, k, None) is None} | defaults_left_out(cfg)
     return yaml.safe_dump(cfg.model_dump(mode="json", exclude=exclude or None), sort_keys=False)

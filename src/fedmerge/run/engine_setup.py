@@ -9,9 +9,8 @@ from functools import partial
 from typing import Any
 
 import torch
-from pydantic import BaseModel
 
-from fedmerge.config.schema import ConfigError, FlowerSettings
+from fedmerge.config.schema import ConfigError, ExperimentConfig, FlowerSettings
 from fedmerge.core.checkpoint import (
     CLIENT_STORE,
 )
@@ -30,14 +29,14 @@ def require_flower(simulation: bool) -> None:
         raise ConfigError(INSTALL_HINT)
 
 
-def flower_options(cfg: BaseModel) -> Any:
+def flower_options(cfg: ExperimentConfig) -> Any:
     from fedmerge.engines.flower.federation import FlowerOptions
 
     fs = cfg.flower or FlowerSettings()
     return FlowerOptions(fs.min_replies, fs.max_retries, fs.round_timeout, fs.connect_timeout)
 
 
-def connect_nodes(cfg: BaseModel, grid: Any) -> Any:
+def connect_nodes(cfg: ExperimentConfig, grid: Any) -> Any:
     """Deployment: the handshake with the SuperNodes (their files must agree), as a one-line error."""
     from fedmerge.engines.flower.federation import connect
     from fedmerge.engines.flower.protocol import DEPLOYMENT
@@ -73,7 +72,7 @@ def federation_summary(federation: Any) -> dict[str, Any]:
 DATA_SECTIONS = ("dataset", "partition", "split", "noise")  # what fedmerge export-clients records
 
 
-def deployed_config(cfg: BaseModel, federation: Any) -> BaseModel:
+def deployed_config(cfg: ExperimentConfig, federation: Any) -> ExperimentConfig:
     """``cfg`` as the federation that answered the handshake runs it: its number of clients (the nodes'
     files decide the data, not the server's data sections: those of their export replace them when the files
     record it, and a seed other than the export's is refused) and, unless ``name`` was chosen, the name
@@ -105,7 +104,7 @@ def deployed_config(cfg: BaseModel, federation: Any) -> BaseModel:
         ) from None
 
 
-def new_run_key(cfg: BaseModel) -> str:
+def new_run_key(cfg: ExperimentConfig) -> str:
     """A deployed run's name on its nodes' disks: its config digest and a fresh id (kept by checkpoints)."""
     import secrets
 
@@ -114,7 +113,9 @@ def new_run_key(cfg: BaseModel) -> str:
     return f"{config_digest(cfg)[:12]}-{secrets.token_hex(4)}"
 
 
-def pooled_test_of(cfg: BaseModel, data: FederatedDataset) -> Callable[[], tuple[torch.Tensor, torch.Tensor]] | None:
+def pooled_test_of(
+    cfg: ExperimentConfig, data: FederatedDataset
+) -> Callable[[], tuple[torch.Tensor, torch.Tensor]] | None:
     """The global model's test set: every client's test split, or with ``eval_clients: sample:K`` those
     of the K evaluated clients (the same every round), so that no evaluation grows with the population."""
     has_test = data.clients.has_test() if hasattr(data.clients, "has_test") else any(c.n_test for c in data.clients)
@@ -128,7 +129,7 @@ def pooled_test_of(cfg: BaseModel, data: FederatedDataset) -> Callable[[], tuple
 
 
 @contextmanager
-def client_store(cfg: BaseModel, run: RunStore) -> Iterator[StateStore | None]:
+def client_store(cfg: ExperimentConfig, run: RunStore) -> Iterator[StateStore | None]:
     """The run's on-disk client-state store (``state:`` set), closed when the run ends; else None."""
     if cfg.state is None:
         yield None
@@ -140,7 +141,7 @@ def client_store(cfg: BaseModel, run: RunStore) -> Iterator[StateStore | None]:
 
 @contextmanager
 def open_engine(
-    cfg: BaseModel,
+    cfg: ExperimentConfig,
     data: FederatedDataset | None,
     model: torch.nn.Module,
     device: torch.device,

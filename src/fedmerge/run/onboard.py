@@ -18,9 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from pydantic import BaseModel
 
-from fedmerge.config.schema import CONFIG_FILE, ConfigError, load_config
+from fedmerge.config.schema import CONFIG_FILE, ConfigError, ExperimentConfig, load_config
 from fedmerge.core.algorithm import Algorithm, onboard_meta
 from fedmerge.core.checkpoint import LATEST, Checkpoint, CheckpointError, load_checkpoint, parse_checkpoint
 from fedmerge.core.types import Payload
@@ -62,7 +61,7 @@ class OnboardResult:
 class TrainedRun:
     """What onboarding reads of a run folder: its config, the chosen checkpoint, its participants and run key."""
 
-    cfg: BaseModel
+    cfg: ExperimentConfig
     checkpoint: Checkpoint
     participants: int
     run_key: str

@@ -8,10 +8,9 @@ from contextlib import contextmanager
 from dataclasses import replace
 
 import torch
-from pydantic import BaseModel
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from fedmerge.config.schema import ConfigError, dataset_label
+from fedmerge.config.schema import ConfigError, ExperimentConfig, dataset_label
 from fedmerge.data import DataUnavailable, FederatedDataset, build_federated_dataset
 from fedmerge.data.errors import DataWarning
 from fedmerge.engines.device import DeviceUnavailable
@@ -26,7 +25,7 @@ def resolve_device(name: str) -> torch.device:
         raise ConfigError(str(exc)) from None
 
 
-def load_data(cfg: BaseModel) -> FederatedDataset:
+def load_data(cfg: ExperimentConfig) -> FederatedDataset:
     """The partitioned data of ``cfg``. Data that loads but is most likely not meant (a loader's flags, a
     single class) raises a `DataWarning`: [`data_warnings()`][fedmerge.run.prepare.data_warnings] turns it into one
     line."""
@@ -68,7 +67,7 @@ def describe_inputs(x: torch.Tensor) -> str:
 
 
 def check_compatibility(
-    cfg: BaseModel, sample: torch.Tensor, num_classes: int, device: torch.device
+    cfg: ExperimentConfig, sample: torch.Tensor, num_classes: int, device: torch.device
 ) -> torch.nn.Module:
     """Build the model for inputs like ``sample`` (a batch) and run it on them, so that a model that
     cannot read the dataset's inputs (e.g. ``mlp`` on token ids) is refused in one line before

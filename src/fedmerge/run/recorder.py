@@ -11,11 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from pydantic import BaseModel
 
 from fedmerge.algorithms import Algorithm
 from fedmerge.algorithms.privacy import redact_participants
-from fedmerge.config.schema import dataset_label, to_yaml
+from fedmerge.config.schema import ExperimentConfig, dataset_label, to_yaml
 from fedmerge.core.checkpoint import (
     Checkpoint,
     save_checkpoint,
@@ -68,7 +67,7 @@ class Stopped(Exception):
 
 
 def record_rounds(
-    cfg: BaseModel,
+    cfg: ExperimentConfig,
     store: RunStore,
     algorithm: Algorithm,
     model: torch.nn.Module,

@@ -8,9 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel
 
-from fedmerge.config.schema import ConfigError, defaults_left_out, load_config, to_yaml
+from fedmerge.config.schema import ConfigError, ExperimentConfig, defaults_left_out, load_config, to_yaml
 from fedmerge.core.checkpoint import (
     LATEST,
     Checkpoint,
@@ -26,7 +25,7 @@ from fedmerge.run.results import CHECKPOINT_DIR, CONFIG_FILE, METRICS_FILE, RunS
 RESUME_OVERRIDABLE = {"rounds", "device", "eval_batch_size", "workers", "state.cache_size", "keep_freed_memory"}
 
 
-def config_digest(cfg: BaseModel) -> str:
+def config_digest(cfg: ExperimentConfig) -> str:
     # Engine tuning (``flower``: timeouts, retries) and extra outputs (``log``) do not change the
     # numbers a run produces.
     # Nor does where client states live (``state``): a checkpoint records that itself (``client_store``).
@@ -37,7 +36,7 @@ def config_digest(cfg: BaseModel) -> str:
     return hashlib.sha256(repr(sorted(fixed.items())).encode()).hexdigest()
 
 
-def resume_checkpoint(run_dir: Path, cfg: BaseModel, file: str | None = None) -> Checkpoint | None:
+def resume_checkpoint(run_dir: Path, cfg: ExperimentConfig, file: str | None = None) -> Checkpoint | None:
     """The checkpoint to continue from: ``file`` if given, else the one ``latest.json`` names
     (checksum verified). None when the run stopped before its first checkpoint. A folder whose
     ``latest.json`` is gone while round files remain is refused: restarting would discard them."""
@@ -60,14 +59,14 @@ def resume_checkpoint(run_dir: Path, cfg: BaseModel, file: str | None = None) ->
     return ckpt
 
 
-def continues(ckpt: Checkpoint, cfg: BaseModel) -> bool:
+def continues(ckpt: Checkpoint, cfg: ExperimentConfig) -> bool:
     """Whether ``ckpt`` was made by ``cfg``'s run, with client states where ``cfg`` keeps them."""
     with_clients = getattr(cfg, "state", None) is None
     return ckpt.meta.get("config_digest") == config_digest(cfg) and (ckpt.client_store is None) == with_clients
 
 
 def roll_back_to_records(
-    run_dir: Path, cfg: BaseModel, ckpt: Checkpoint | None, recorded: int
+    run_dir: Path, cfg: ExperimentConfig, ckpt: Checkpoint | None, recorded: int
 ) -> tuple[Checkpoint | None, str | None]:
     """The checkpoint to continue from so that no round's record is lost, and a one-line notice when that
     meant rolling back. ``recorded``: rounds 1..recorded have whole rows in ``metrics.jsonl``. A checkpoint
@@ -109,7 +108,7 @@ def planned_rounds(run_dir: Path) -> int:
     return rounds if isinstance(rounds, int) else 0
 
 
-def check_not_shortened(run_dir: Path, cfg: BaseModel, ckpt: Checkpoint | None) -> None:
+def check_not_shortened(run_dir: Path, cfg: ExperimentConfig, ckpt: Checkpoint | None) -> None:
     """A resume adds rounds, never takes any away: ``rounds`` below those the run was started (or last
     extended) with, or below those it has made, is refused."""
     has = max(planned_rounds(run_dir), ckpt.round if ckpt is not None else 0, RunStore(run_dir).recorded_rounds())
@@ -120,7 +119,7 @@ def check_not_shortened(run_dir: Path, cfg: BaseModel, ckpt: Checkpoint | None) 
         )
 
 
-def finished_summary(run_dir: Path, cfg: BaseModel, ckpt: Checkpoint | None) -> dict[str, Any] | None:
+def finished_summary(run_dir: Path, cfg: ExperimentConfig, ckpt: Checkpoint | None) -> dict[str, Any] | None:
     """The run's summary when it has already made every round ``cfg`` asks for and written it (resuming
     it changes nothing); None when there is something left to do."""
     store = RunStore(run_dir)

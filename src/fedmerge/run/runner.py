@@ -8,11 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from pydantic import BaseModel
 
 from fedmerge.algorithms.privacy import build_algorithm
 from fedmerge.algorithms.privacy_settings import clients_per_round, privacy_problem
-from fedmerge.config.schema import ConfigError, config_warnings, load_config
+from fedmerge.config.schema import ConfigError, ExperimentConfig, config_warnings, load_config
 from fedmerge.config.tuned import load_tuned_config
 from fedmerge.core.checkpoint import atomic_write_bytes
 from fedmerge.core.loop import Newcomers, Schedule
@@ -65,7 +64,7 @@ def secure_aggregation_problem(cfg: Any, num_clients: int) -> str | None:
 
 
 def run_experiment(
-    cfg: BaseModel,
+    cfg: ExperimentConfig,
     run_dir: str | Path | None = None,
     *,
     resume: bool = False,
@@ -107,7 +106,7 @@ def run_experiment(
 
 def _run_experiment(
     held: ExitStack,
-    cfg: BaseModel,
+    cfg: ExperimentConfig,
     run_dir: str | Path | None,
     *,
     resume: bool,
@@ -286,7 +285,7 @@ def _run_experiment(
         raise
 
 
-def newcomers_of(cfg: BaseModel, data: FederatedDataset) -> Newcomers:
+def newcomers_of(cfg: ExperimentConfig, data: FederatedDataset) -> Newcomers:
     """The clients that never train (after the participants) and their adaptation budget."""
     cids = tuple(range(data.num_participants, len(data.clients)))
     if cfg.unseen is None:

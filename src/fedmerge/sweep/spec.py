@@ -35,7 +35,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from fedmerge.config.schema import ConfigError, dataset_label, load_config, parse_override, read_yaml
+from fedmerge.config.schema import ConfigError, ExperimentConfig, dataset_label, load_config, parse_override, read_yaml
 from fedmerge.config.tuned import load_tuned, load_tuned_config
 
 SWEEP_KEYS = ("config", "overrides", "grid", "methods", "tuned", "name")
@@ -76,7 +76,7 @@ class SweepPoint:
     seed: int
     setting_values: dict[str, Any]
     overrides: list[str]  # after the base config: fixed, method, grid values
-    config: BaseModel = field(repr=False)
+    config: ExperimentConfig = field(repr=False)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -183,13 +183,13 @@ def format_value(value: Any) -> str:
     return json.dumps(value)
 
 
-def _method_label(cfg: BaseModel, chosen: dict[str, Any]) -> str:
+def _method_label(cfg: ExperimentConfig, chosen: dict[str, Any]) -> str:
     extra = [f"{k.removeprefix('algorithm.')}={format_value(v)}" for k, v in chosen.items()]
     extra = [e for e, k in zip(extra, chosen) if k.startswith("algorithm.") and k != "algorithm.name"]
     return " ".join([cfg.algorithm.name, *extra])
 
 
-def _default_setting(cfg: BaseModel) -> str:
+def _default_setting(cfg: ExperimentConfig) -> str:
     return f"{dataset_label(cfg.dataset)}, {cfg.partition.name}"
 
 

@@ -27,7 +27,7 @@ import yaml
 from annotated_types import Ge, Gt, Le, Lt
 from pydantic import BaseModel
 
-from fedmerge.config.schema import ConfigError, load_config, make_folder, read_yaml
+from fedmerge.config.schema import ConfigError, ExperimentConfig, load_config, make_folder, read_yaml
 from fedmerge.core.loop import RoundFailed
 from fedmerge.run.results import CHECKPOINT_DIR
 from fedmerge.run.runner import run_experiment
@@ -112,7 +112,7 @@ def load_space_file(path: str | Path) -> dict[str, dict[str, Param | None]]:
     return out
 
 
-def space_for(cfg: BaseModel, user: dict[str, dict[str, Param | None]], config: str | None) -> dict[str, Param]:
+def space_for(cfg: ExperimentConfig, user: dict[str, dict[str, Param | None]], config: str | None) -> dict[str, Param]:
     """The default space of ``cfg``'s method, updated by the user's ``'*'`` then method entries;
     every key is checked against the config at both ends of its range."""
     space: dict[str, Param | None] = dict(default_space(cfg.algorithm))
@@ -204,7 +204,7 @@ def tune(
     return results
 
 
-def _check_same_study(study: Any, cfg: BaseModel, space: dict[str, Param], metric: str, out_dir: Path) -> None:
+def _check_same_study(study: Any, cfg: ExperimentConfig, space: dict[str, Param], metric: str, out_dir: Path) -> None:
     """A study continues only with the config, space and metric it started with."""
     fixed = cfg.model_dump(mode="json", exclude={"algorithm", "threads", "workers", "output_dir", "name"})
     fingerprint = json.dumps(
