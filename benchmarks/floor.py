@@ -50,6 +50,7 @@ from typing import Any
 
 import torch
 from torch.nn import functional as F
+from workers_sweep import SETTING  # the PFLlib-sized setting (issue 56's comparison), beside this file
 
 from fedmerge.config.schema import load_config
 from fedmerge.core.seeding import torch_generator
@@ -61,19 +62,6 @@ from fedmerge.run.prepare import load_data
 from fedmerge.run.results import RunStore
 from fedmerge.run.runner import run_experiment
 
-SETTING = [  # benchmarks/workers_sweep.py's PFLlib-sized setting (issue 56's comparison)
-    "dataset.name=fashion_mnist",
-    "partition.name=dirichlet",
-    "partition.num_clients=20",
-    "partition.alpha=0.1",
-    "split.val_fraction=0.1",
-    "split.test_fraction=0.15",
-    "model.name=twocnn",
-    "algorithm.batch_size=10",
-    "algorithm.local_epochs=1",
-    "algorithm.lr=0.005",
-    "eval_every=1",
-]
 SMOKE = ["dataset.max_samples=400", "partition.num_clients=4", "model.hidden=32"]
 
 
