@@ -99,29 +99,34 @@ class Launcher:
         self._procs: dict[str, subprocess.Popen] = {}
         self.running: set[str] = set()
 
-    def execute(self, job: RunJob) -> Outcome:
-        cmd = job.command()
+    def env(self) -> dict[str, str]:
+        """What each run process gets on top of its environment: its share of the cores."""
         share = str(self.cores_each)
-        env = {**os.environ, CORES_ENV: share, **dict.fromkeys(("OMP_NUM_THREADS", "MKL_NUM_THREADS"), share)}
-        job.log.parent.mkdir(parents=True, exist_ok=True)
+        return {CORES_ENV: share, **dict.fromkeys(("OMP_NUM_THREADS", "MKL_NUM_THREADS"), share)}
+
+    def execute(self, job: RunJob) -> Outcome:
         start = time.perf_counter()
         with self._lock:
             self.running.add(job.key)
         try:
-            with open(job.log, "a", encoding="utf-8") as fh:
-                fh.write(f"$ {' '.join(cmd)}\n")
-                fh.flush()
-                proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL)
-                with self._lock:
-                    self._procs[job.key] = proc
-                code = proc.wait()
+            code = run_process(job, self.env(), self._started)
         finally:
             with self._lock:
                 self.running.discard(job.key)
                 self._procs.pop(job.key, None)
+        return self.finish(job, code, time.perf_counter() - start)
+
+    def _started(self, job: RunJob, proc: subprocess.Popen) -> None:
+        with self._lock:
+            self._procs[job.key] = proc
+
+    def finish(self, job: RunJob, code: int, seconds: float, error: str | None = None) -> Outcome:
+        """The outcome of one attempt (read from the run folder, which the caller must see), recorded."""
         done = code == 0 and finished_run(job.where) is not None
         status = DONE if done else INTERRUPTED if code in (130, -2, -15) else FAILED
-        outcome = Outcome(job.key, status, None if done else error_line(job.log, code), time.perf_counter() - start)
+        if not done and error is None:
+            error = error_line(job.log, code) if job.log.is_file() else f"exit {code}"
+        outcome = Outcome(job.key, status, None if done else error, seconds)
         self._record(outcome, code)
         return outcome
 
@@ -168,6 +173,50 @@ class Launcher:
             raise
         pool.shutdown()
         return outcomes
+
+
+def run_process(
+    job: RunJob,
+    env: dict[str, str],
+    started: Callable[[RunJob, subprocess.Popen], None] | None = None,
+    die_with_parent: bool = False,
+) -> int:
+    """Bring ``job`` one attempt further in a ``fedmerge run`` process here, its output appended to its log;
+    its exit code. The command is made here and now (:meth:`RunJob.command`), so an attempt after one that
+    stopped continues from its checkpoint wherever it runs. ``die_with_parent``: the process is killed when
+    the one that started it dies (Linux), so that no orphan keeps writing the run folder after a lost
+    cluster worker, whose retry resumes the same folder."""
+    cmd = job.command()
+    job.log.parent.mkdir(parents=True, exist_ok=True)
+    with open(job.log, "a", encoding="utf-8") as fh:
+        fh.write(f"$ {' '.join(cmd)}\n")
+        fh.flush()
+        proc = subprocess.Popen(
+            cmd,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **env},
+            stdin=subprocess.DEVNULL,
+            preexec_fn=_die_with_parent if die_with_parent and sys.platform == "linux" else None,
+        )
+        if started is not None:
+            started(job, proc)
+        try:
+            return proc.wait()
+        except BaseException:  # interrupted here (Ctrl-C, a cancelled task): stop the run at its checkpoint
+            proc.send_signal(2)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            raise
+
+
+def _die_with_parent() -> None:
+    import ctypes
+    import signal
+
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def error_line(log: Path, code: int) -> str:
