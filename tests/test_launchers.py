@@ -122,3 +122,23 @@ def test_a_requeued_slurm_task_continues_the_run_from_its_checkpoint(tmp_path):
     run.mkdir(parents=True)
     (run / "config.yaml").write_text("name: x\n")
     assert again.function.job.command()[-3:] == ["--resume", str(run), "--no-progress"]
+
+
+def test_status_shows_each_rows_runs_read_from_the_run_folders(tiny):
+    shutil.copytree(TINY / "runs", tiny / "runs")
+    run = next((tiny / "runs/repro/study_tiny/fedavg-g1-s1").glob("*/summary.json")).parent
+    (run / "summary.json").unlink()  # a run stopped before its end; its tuning row is not over
+    (run / "metrics.jsonl").write_text('{"round": 1}\n')
+    result = CliRunner().invoke(app, ["study", "study_tiny.yaml", "--revision", "first", "--status"])
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines()[1:] == [
+        "Local: tuning 2/2 done",
+        "Local: seeds 1/1 done",
+        "FedAvg: tuning 1/2 done",
+        "  fedavg-g1-s1: stopped at round 1/2",
+        "  seeds [0]: after tuning",
+        "central references: 2/2",
+    ]
+    (run / ".writer.json").write_text('{"pid": 1, "host": "node7"}')
+    result = CliRunner().invoke(app, ["study", "study_tiny.yaml", "--revision", "first", "--status"])
+    assert "  fedavg-g1-s1: running on node7 (round 1/2)" in result.output.splitlines()

@@ -39,6 +39,9 @@ def study(
     dry_run: bool = typer.Option(
         False, "--dry-run", help="print the runs, their resources, their count and GPU hours, and stop"
     ),
+    status: bool = typer.Option(
+        False, "--status", help="per row: its runs done, running (where, which round) or stopped, and stop"
+    ),
     launcher: str = lo.LAUNCHER,
     ray_address: str | None = lo.RAY_ADDRESS,
     cpus_per_run: float = lo.CPUS_PER_RUN,
@@ -74,6 +77,13 @@ def study(
         launch.check()
         the_study = spec.history(named or revision or LATEST)[-1]
         the_study = regime_only(the_study) if regime_only_flag else the_study
+        if status:
+            from fedmerge.study.spec import runs_dir
+            from fedmerge.study.status import status_lines
+
+            for line in status_lines(the_study, runs_dir(path, the_study.revision, runs)):
+                out.print(line, highlight=False, soft_wrap=True)
+            return
         if dry_run:
             for line in dry_run_lines(the_study, launch):
                 out.print(line, highlight=False, soft_wrap=True)
