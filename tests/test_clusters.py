@@ -135,3 +135,41 @@ def test_a_study_as_submitit_job_arrays_gives_the_local_report(tmp_path, local_r
     assert done.returncode == 0, done.stderr
     assert numbers(tmp_path, "slurm") == local_report
     assert len(list((tmp_path / "slurm" / "slurm").iterdir())) >= 8  # submitit's files of every array task
+
+
+def slurm_running() -> bool:
+    if shutil.which("sinfo") is None or shutil.which("sbatch") is None:
+        return False
+    done = subprocess.run(["sinfo", "-h", "-o", "%t"], capture_output=True, text=True, timeout=30)
+    return done.returncode == 0 and bool({"idle", "mix"} & set(done.stdout.split()))
+
+
+@pytest.mark.processes
+def test_a_study_as_real_slurm_job_arrays_survives_a_requeued_job_with_the_local_report(tmp_path, local_report):
+    """On a running SLURM (.ci/run starts a one-node one with scripts/slurm_one_node.sh): the running jobs are
+    taken away mid-run (``scontrol requeue``: SIGTERM, SIGKILL, back in the queue), as a preemption does; each
+    requeued job continues its run folder."""
+    pytest.importorskip("submitit")
+    if not slurm_running():
+        pytest.skip("no SLURM controller answers here (.ci/run starts one: scripts/slurm_one_node.sh)")
+    eight_run_study(tmp_path)
+    cmd = [sys.executable, "-m", "fedmerge", "study", "study8.yaml", "--runs", "slurm", "--out", "slurm.md"]
+    cmd += ["--launcher", "slurm", "-j", "2", "--slurm-time", "30"]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 300
+        while not any((run / "metrics.jsonl").is_file() for run in in_progress(tmp_path / "slurm")):
+            assert proc.poll() is None and time.time() < deadline, proc.communicate()
+            time.sleep(0.2)
+        queue = subprocess.run(["squeue", "-h", "-t", "RUNNING", "-o", "%i"], capture_output=True, text=True)
+        jobs = queue.stdout.split()  # every running array task: one of them has started its run
+        subprocess.run(["scontrol", "requeue", ",".join(jobs)], check=True, capture_output=True)
+        stdout, stderr = proc.communicate(timeout=900)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            subprocess.run(["scancel", "--name", "submitit"], capture_output=True)
+    assert proc.returncode == 0, stderr
+    assert numbers(tmp_path, "slurm") == local_report
+    logs = [p.read_text() for p in (tmp_path / "slurm" / "logs").glob("*.log")]
+    assert any("--resume" in text for text in logs), f"jobs {jobs} were requeued, but no run continued its folder"

@@ -12,8 +12,10 @@ study's machine and every worker see under the same path (a shared folder): resu
 from __future__ import annotations
 
 import math
+import os
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,6 +105,8 @@ class RayLauncher(Launcher):
             import ray
         except ImportError:
             raise ConfigError("--launcher ray needs Ray: pip install 'fedmerge[cluster]'") from None
+        # a run given no GPU sees none (Ray's CUDA_VISIBLE_DEVICES=""), as today: its notice about that is noise
+        warnings.filterwarnings("ignore", message="Tip: In future versions of Ray", category=FutureWarning)
         if not ray.is_initialized():
             ray.init(address=self.options.ray_address, log_to_driver=False, logging_level="error")
         return ray
@@ -120,7 +124,7 @@ class RayLauncher(Launcher):
         )
         env = self.options.run_env()
         start = time.perf_counter()
-        pending = {task.remote(job, env): job for job in jobs}
+        pending = {task.remote(job.anywhere(), env): job for job in jobs}
         self._refs = list(pending)
         self.running = {job.key for job in jobs}
         outcomes: list[Outcome] = []
@@ -161,7 +165,13 @@ class SlurmRun:
         self._proc: Any = None
 
     def __call__(self) -> int:
-        return run_process(self.job, self.env, lambda _job, proc: setattr(self, "_proc", proc))
+        code = run_process(self.job, self.env, lambda _job, proc: setattr(self, "_proc", proc), ignore_usr2=True)
+        if code in (-15, 143) and os.environ.get("SLURM_JOB_ID"):
+            # SLURM is taking the job away (preemption, scontrol requeue, scancel) and its SIGKILL follows: no
+            # result may be written as if the run had ended; a requeued job runs this again and resumes.
+            while True:
+                time.sleep(60)
+        return code
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
         import submitit
@@ -211,7 +221,7 @@ class SlurmLauncher(Launcher):
         ex = self.executor()
         env = self.options.run_env()
         with ex.batch():
-            submitted = [ex.submit(SlurmRun(job, env)) for job in jobs]
+            submitted = [ex.submit(SlurmRun(job.anywhere(), env)) for job in jobs]
         self._jobs = submitted
         pending = dict(zip(submitted, jobs, strict=True))
         self.running = {job.key for job in jobs}

@@ -66,12 +66,19 @@ def config_difference(run_dir: Path, want: dict[str, Any]) -> tuple[str, Any, An
 @dataclass(frozen=True)
 class RunJob:
     """One run to bring to its end: ``args`` start it afresh (config, overrides, ``--out`` or
-    ``--output-dir``), ``where`` is that output folder, ``log`` where its attempts' output goes."""
+    ``--output-dir``), ``where`` is that output folder, ``log`` where its attempts' output goes, ``cwd`` the
+    folder its relative paths are relative to (None: the current one)."""
 
     key: str
     args: tuple[str, ...]
     where: Path
     log: Path
+    cwd: str | None = None
+
+    def anywhere(self) -> RunJob:
+        """The same job with absolute paths, for a process started in another folder (a cluster worker)."""
+        cwd = Path(self.cwd or Path.cwd()).absolute()
+        return RunJob(self.key, self.args, cwd / self.where, cwd / self.log, str(cwd))
 
     def command(self) -> list[str]:
         """A new run, or the continuation of one stopped earlier."""
@@ -141,6 +148,7 @@ class Launcher:
             "seconds": round(outcome.seconds, 3),
             "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
+        self.status_file.parent.mkdir(parents=True, exist_ok=True)
         with self._lock, open(self.status_file, "a", encoding="utf-8") as fh:
             fh.write(json.dumps(line) + "\n")
 
@@ -180,12 +188,15 @@ def run_process(
     env: dict[str, str],
     started: Callable[[RunJob, subprocess.Popen], None] | None = None,
     die_with_parent: bool = False,
+    ignore_usr2: bool = False,
 ) -> int:
     """Bring ``job`` one attempt further in a ``fedmerge run`` process here, its output appended to its log;
     its exit code. The command is made here and now (:meth:`RunJob.command`), so an attempt after one that
     stopped continues from its checkpoint wherever it runs. ``die_with_parent``: the process is killed when
     the one that started it dies (Linux), so that no orphan keeps writing the run folder after a lost
-    cluster worker, whose retry resumes the same folder."""
+    cluster worker, whose retry resumes the same folder. ``ignore_usr2``: the process ignores SIGUSR2, which
+    SLURM sends to a whole job before its time-out or preemption, for submitit to stop the run cleanly instead
+    (:class:`fedmerge.sweep.clusters.SlurmRun`)."""
     cmd = job.command()
     job.log.parent.mkdir(parents=True, exist_ok=True)
     with open(job.log, "a", encoding="utf-8") as fh:
@@ -197,7 +208,8 @@ def run_process(
             stderr=subprocess.STDOUT,
             env={**os.environ, **env},
             stdin=subprocess.DEVNULL,
-            preexec_fn=_die_with_parent if die_with_parent and sys.platform == "linux" else None,
+            cwd=job.cwd,
+            preexec_fn=_preexec(die_with_parent and sys.platform == "linux", ignore_usr2),
         )
         if started is not None:
             started(job, proc)
@@ -212,11 +224,20 @@ def run_process(
             raise
 
 
-def _die_with_parent() -> None:
-    import ctypes
-    import signal
+def _preexec(die_with_parent: bool, ignore_usr2: bool) -> Callable[[], None] | None:
+    if not (die_with_parent or ignore_usr2):
+        return None
 
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    def setup() -> None:
+        import ctypes
+        import signal
+
+        if die_with_parent:
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        if ignore_usr2:
+            signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+
+    return setup
 
 
 def error_line(log: Path, code: int) -> str:
