@@ -142,3 +142,11 @@ def test_status_shows_each_rows_runs_read_from_the_run_folders(tiny):
     (run / ".writer.json").write_text('{"pid": 1, "host": "node7"}')
     result = CliRunner().invoke(app, ["study", "study_tiny.yaml", "--revision", "first", "--status"])
     assert "  fedavg-g1-s1: running on node7 (round 1/2)" in result.output.splitlines()
+
+
+def test_a_cluster_job_carries_absolute_paths_and_the_studys_folder(tiny):
+    job = RunJob("k", ("base.yaml", "--output-dir", "runs/k"), Path("runs/k"), Path("runs/logs/k.log"))
+    far = job.anywhere()
+    assert (far.where, far.log, far.cwd) == (tiny / "runs/k", tiny / "runs/logs/k.log", str(tiny))
+    assert far.args == job.args  # relative to far.cwd, where the run process starts
+    assert far.anywhere() == far
