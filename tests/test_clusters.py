@@ -71,13 +71,34 @@ def local_report(tmp_path_factory):
     return numbers(folder, "local")
 
 
+SWEEP = ["base.yaml", "algorithm.name=[local,fedavg]", "rounds=1", "--no-progress"]
+
+
+def sweep_numbers(folder: Path) -> dict:
+    """Each sweep run's results (best-validation and last round), by run key."""
+    summaries = sorted((folder / "runs").glob("*/summary.json"))
+    return {s.parent.name: {k: json.loads(s.read_text())[k] for k in ("best_val", "last")} for s in summaries}
+
+
+@pytest.fixture(scope="module")
+def local_sweep(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("local_sweep")
+    eight_run_study(folder)
+    cmd = [sys.executable, "-m", "fedmerge", "sweep", *SWEEP, "--out", "sweep", "-j", "2"]
+    done = subprocess.run(cmd, cwd=folder, env=env(), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    return sweep_numbers(folder / "sweep")
+
+
 def in_progress(runs: Path) -> list[Path]:
     """Run folders that have started (config.yaml) and not finished (summary.json)."""
     return [c.parent for c in runs.glob("*/*/config.yaml") if not (c.parent / "summary.json").exists()]
 
 
 @pytest.mark.processes
-def test_a_study_on_a_localhost_ray_cluster_survives_a_lost_node_with_the_local_report(tmp_path, local_report):
+def test_a_study_on_a_localhost_ray_cluster_survives_a_lost_node_with_the_local_report(
+    tmp_path, local_report, local_sweep
+):
     pytest.importorskip("ray")
     ray = shutil.which("ray") or pytest.fail("the ray command is not installed (pip install 'fedmerge[cluster]')")
     port = free_port()
@@ -109,6 +130,12 @@ def test_a_study_on_a_localhost_ray_cluster_survives_a_lost_node_with_the_local_
         os.killpg(nodes[0].pid, signal.SIGKILL)
         stdout, stderr = proc.communicate(timeout=900)
         assert proc.returncode == 0, stderr
+        # a sweep on what is left of the cluster (one worker node)
+        cmd = [sys.executable, "-m", "fedmerge", "sweep", *SWEEP, "--out", "sweep", "--launcher", "ray"]
+        swept = subprocess.run(
+            [*cmd, "--ray-address", address], cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=600
+        )
+        assert swept.returncode == 0, swept.stderr
     finally:
         subprocess.run([ray, "stop", "--force"], env=env(), capture_output=True, timeout=120)
         for node in nodes:
@@ -120,6 +147,7 @@ def test_a_study_on_a_localhost_ray_cluster_survives_a_lost_node_with_the_local_
     assert "4 runs to do (0 done)" in stderr and "4 runs to do (2 done)" in stderr
     assert stderr.count("[4/4] ") == 2 and "FAILED" not in stderr
     assert numbers(tmp_path, "ray") == local_report
+    assert sweep_numbers(tmp_path / "sweep") == local_sweep and len(local_sweep) == 2
     logs = {p.name: p.read_text() for p in (tmp_path / "ray" / "logs").glob("*.log")}
     resumed = [name for name, text in logs.items() if "--resume" in text]
     assert resumed, f"no run continued from its folder after the node was lost ({[p.name for p in lost]})"
