@@ -113,10 +113,12 @@ def test_a_study_on_a_localhost_ray_cluster_survives_a_lost_node_with_the_local_
     nodes: list[subprocess.Popen] = []
     try:
         head = [ray, "start", "--head", "--port", str(port), "--num-cpus", "0", "--include-dashboard=false"]
-        subprocess.run(head, env=head_env, check=True, capture_output=True, timeout=120)
+        subprocess.run(head, env=head_env, cwd=tmp_path, check=True, capture_output=True, timeout=120)
         for _ in range(2):  # each worker node in a process group of its own: killed as a machine would be lost
             worker = [ray, "start", "--address", address, "--num-cpus", "1"]
-            nodes.append(subprocess.Popen(worker, env=env(), start_new_session=True, stdout=subprocess.DEVNULL))
+            nodes.append(
+                subprocess.Popen(worker, env=env(), cwd=tmp_path, start_new_session=True, stdout=subprocess.DEVNULL)
+            )
             assert nodes[-1].wait(timeout=120) == 0
         eight_run_study(tmp_path)
         cmd = [sys.executable, "-m", "fedmerge", "study", "study8.yaml", "--runs", "ray", "--out", "ray.md"]
