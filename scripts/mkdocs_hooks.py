@@ -23,6 +23,9 @@ from fedmerge.config import catalog  # noqa: E402
 from fedmerge.config.schema_docs import markdown_table  # noqa: E402
 
 MARKER = re.compile(r"<!--\s*options:\s*(\w+)(?:\s+([\w-]+))?\s*-->")
+# ``<!-- options-all: KIND -->``: a heading and a table for every registered component of KIND (the options
+# reference page), or every plain section for KIND ``sections``
+ALL_MARKER = re.compile(r"<!--\s*options-all:\s*(\w+)\s*-->")
 
 
 def options_table(kind: str, name: str | None) -> str:
@@ -33,7 +36,20 @@ def options_table(kind: str, name: str | None) -> str:
     return markdown_table(cls)
 
 
+def all_tables(kind: str) -> str:
+    if kind == "sections":
+        parts = [(f"`{name}`" if name == "run" else f"`{name}:`", name, None) for name in catalog.SECTIONS]
+    elif kind in catalog.REGISTRIES:
+        registry = catalog.REGISTRIES[kind]
+        parts = [(f"`{kind}.name: {e.name}`: {e.description}", kind, e.name) for e in registry.entries()]
+    else:
+        known = ", ".join(["sections", *catalog.REGISTRIES])
+        raise PluginError(f"options-all marker: unknown kind {kind!r}; one of: {known}")
+    return "\n\n".join(f"### {title}\n\n{options_table(k, n)}" for title, k, n in parts)
+
+
 def expand(markdown: str) -> str:
+    markdown = ALL_MARKER.sub(lambda m: all_tables(m.group(1)), markdown)
     return MARKER.sub(lambda m: options_table(m.group(1), m.group(2)), markdown)
 
 

@@ -12,7 +12,11 @@ column from the JSON files; a paper table called evidence there whose study does
 on every seed stops the script, so a verdict cannot drift from the numbers silently. Its second table
 gives, per paper table, the confirmation on fresh seeds: a study JSON in the record's family with
 ``explored_on`` (written by ``scripts/confirmation_study.py``'s study): the seeds that explored the
-settings, the fresh ones, the regime on those, and the verdicts of the claims its report judged.
+settings, the fresh ones, the regime on those, and its paper claims: "N of M paper claims reproduced"
+(``fedmerge.study.claims``: a claim is reproduced only if every comparison it needs is), the failed ones
+named, each comparison counted once across the table, the claims declared after their runs marked with
+the times (read from git), the comparisons' own count following as the detail. A hand-written "N of M
+paper claims reproduced" in the "At a glance" table that differs from the JSON stops the script.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fedmerge.study import claims as claims_lib
+from fedmerge.study.claims import PaperClaim, count_text, mark_late, paper_claims
 from fedmerge.study.regime import FEDAVG_GAP, LOCAL_GAP
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -77,7 +83,7 @@ class Study:
         return any(check.get("split", "test") == "test" for check in self.data["regime"])
 
     def claim_verdicts(self) -> str:
-        """``3 reproduced, 1 level, 2 not reproduced`` over its judged claims, or why there is none."""
+        """``3 reproduced, 1 level, 2 not reproduced`` over its judged comparisons, or why there is none."""
         claims = self.data.get("claims") or []
         if not claims:
             return "no claims declared"
@@ -86,6 +92,18 @@ class Study:
             counts[claim["verdict"] or "no verdict"] = counts.get(claim["verdict"] or "no verdict", 0) + 1
         order = ["reproduced", "level", "not reproduced", "no verdict"]
         return ", ".join(f"{counts[v]} {v}" for v in order if v in counts)
+
+    def row_figures(self, label: str) -> tuple[Any, ...]:
+        """A row's seeds and per-seed values: two rows with equal figures are the same row, bit for bit."""
+        row = self.data["rows"].get(label)
+        if not row or not row.get("best_val"):  # no figures: the row is only itself
+            return (self.name, label)
+        return tuple(row["seeds"]), tuple(row["best_val"])
+
+    def comparison_figures(self, claim: dict[str, Any]) -> tuple[Any, ...]:
+        """What a comparison compares: its two rows' figures (so ``x > a`` and ``x > b`` are one comparison
+        where rows ``a`` and ``b`` are equal bit for bit, here or in another study)."""
+        return self.row_figures(claim["higher"]), self.row_figures(claim["lower"])
 
     @property
     def kept(self) -> bool:
@@ -233,9 +251,74 @@ def seeds_text(seeds: list[int]) -> str:
     return ", ".join(str(s) for s in seeds)
 
 
-def confirmation_table(families: list[Family], verdicts: str) -> list[str]:
+def count_paper_claims(
+    study: Study, counted: dict[tuple[Any, ...], str], where: str, declared: dict[tuple[str, str], str]
+) -> list[PaperClaim]:
+    """The study's paper claims, each comparison counted once across the index: a claim all of whose
+    comparisons have the figures of ones counted before (in ``counted``, figures to the paper table that
+    counted them; updated here) is kept with ``counted_under`` and not counted again. ``declared``: per
+    comparison, the late-declaration note (see ``late_declarations``)."""
+    out = []
+    for claim in paper_claims(study.data.get("claims") or []):
+        figures = [study.comparison_figures(c) for c in claim.comparisons]
+        seen = [counted[f] for f in figures if f in counted]
+        if len(seen) == len(figures):
+            claim.counted_under = seen[0]
+        for f in figures:
+            counted.setdefault(f, where)
+        out.append(claim)
+    return mark_late(out, declared)
+
+
+def paper_claims_text(claims: list[PaperClaim], link: str) -> str:
+    """``[1 of 3 paper claims reproduced](link); not reproduced: A; B`` with the late declarations marked
+    and the claims counted under an earlier paper table named."""
+    if all(c.counted_under for c in claims):
+        return f"[no paper claim of its own]({link})"
+    count, _, rest = count_text(claims).partition(";")
+    text = f"[{count}]({link})" + (f";{rest}" if rest else "")
+    again = [f"{c.text} (counted under {c.counted_under})" for c in claims if c.counted_under]
+    if again:
+        text += "; not counted again: " + "; ".join(again)
+    return text
+
+
+def run_commits(report: Path) -> list[str]:
+    """The commits a study's runs recorded: the last column of its report's results table."""
+    if not report.exists():
+        return []
+    lines = report.read_text().splitlines()
+    try:
+        start = lines.index("## Results")
+    except ValueError:
+        return []
+    commits: set[str] = set()
+    for line in lines[start:]:
+        if line.startswith("## Claims"):
+            break
+        if line.startswith("| ") and not line.startswith(("| method", "|---")):
+            last = line.rstrip(" |").split(" | ")[-1].replace(" (mixed)", "")
+            commits |= {c.split("+")[0] for c in last.split(", ") if re.fullmatch(r"[0-9a-f]{7,40}(\+dirty)?", c)}
+    return sorted(commits)
+
+
+def late_declarations(study: Study) -> dict[tuple[str, str], str]:
+    """Per comparison of a study declared after its runs, its note (``fedmerge.study.claims``): its study
+    file is ``studies/**/NAME.yaml``, the study it confirms is named in its JSON, its runs' commits are in
+    its report."""
+    files = [str(p.relative_to(ROOT)) for p in sorted((ROOT / "studies").rglob(f"{study.name}.yaml"))]
+    if files and study.data.get("confirms"):
+        files.append(study.data["confirms"].split()[0])
+    pairs = [(c["higher"], c["lower"]) for c in study.data.get("claims") or []]
+    return claims_lib.late_declarations(ROOT, files, run_commits(study.json_path.with_suffix(".md")), pairs)
+
+
+def confirmation_table(families: list[Family], verdicts: str, declarations=late_declarations) -> list[str]:
     """Per paper table: the seeds that explored its settings, the fresh seeds that confirm them, the regime
-    on those, and the confirmation's claim verdicts (found in the families of its study of record)."""
+    on those, and the confirmation's paper claims, "N of M reproduced", the failed ones named, each
+    comparison counted once across the table (found in the families of its study of record); the
+    comparisons' own count follows as the detail. ``declarations(study)``: the late-declaration notes."""
+    counted: dict[tuple[Any, ...], str] = {}
     by_link = {s.link: f for f in families for s in f.studies}
     lines = [
         "| paper table | exploration seeds | confirmation seeds | regime kept on confirmation seeds | verdicts "
@@ -255,11 +338,27 @@ def confirmation_table(families: list[Family], verdicts: str) -> list[str]:
                 pending = f"not confirmed (exploration: {verdict})"
                 lines.append(f"| {paper_table} | {seeds_text(explored)} | none yet | - | {pending} |")
             continue
+        stated = set(re.findall(r"(\d+) of (\d+) paper claims reproduced", verdict))
+        found = set()
         for c in confirms:
             regime = c.regime() + (" (read test)" if c.regime_read_test() else "")
+            claims = count_paper_claims(c, counted, paper_table, declarations(c))
+            own = [x for x in claims if not x.counted_under]
+            found.add((str(sum(x.reproduced for x in own)), str(len(own))))
+            verdicts_text = (
+                f"{paper_claims_text(claims, c.link)} (comparisons: {c.claim_verdicts()})"
+                if claims
+                else f"[{c.claim_verdicts()}]({c.link})"
+            )
             lines.append(
                 f"| {paper_table} | {seeds_text(c.data['explored_on'])} | {seeds_text(c.seed_list())} | {regime} | "
-                f"[{c.claim_verdicts()}]({c.link}) |"
+                f"{verdicts_text} |"
+            )
+        if stated and stated != found:  # verdicts.md is hand-written: its count may not drift from the JSON
+            said = ", ".join(f"{n} of {m}" for n, m in sorted(stated))
+            raise ValueError(
+                f"verdicts.md says {said} paper claims reproduced for {paper_table!r}; the JSON: "
+                + ", ".join(f"{n} of {m}" for n, m in sorted(found))
             )
     return lines
 
@@ -301,9 +400,15 @@ by `scripts/reproductions_index.py` from those JSON files and from the hand-writ
 README_CONFIRM = """## Confirmation on fresh seeds, per paper table
 
 Settings are explored on some seeds and confirmed on fresh ones that informed no choice; only the
-confirmation seeds decide a claim. A verdict is the claim's 95% interval of the paired difference of
-its two rows: reproduced above zero, level across it, not reproduced below (the confirmation report
-gives each). "(read test)": that regime check read the test split, as checks did before it read
+confirmation seeds decide a claim. A comparison's verdict is the 95% interval of the paired difference
+of its two rows: reproduced above zero, level across it, not reproduced below (the confirmation report
+gives each). A paper claim (the comparisons its study file lists under one `paper` text) is reproduced
+only if every comparison it needs is; the table counts paper claims and names the failed ones, the
+comparisons' own count following as the detail. Each comparison is counted once: a claim whose
+comparisons all have the figures of ones counted in an earlier row (the same rows, bit for bit) is not
+counted again. A claim that its study file (or the study it confirms) did not yet declare at the earliest
+commit its runs recorded is marked **declared after its runs**, with the time of the commit that first
+declared it. "(read test)": that regime check read the test split, as checks did before it read
 validation only.
 """
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ class Files:
     content: dict[str, bytes] = field(default_factory=dict)
     cut_after: dict[str, int] = field(default_factory=dict)  # next response of that file stops after N bytes
     requests: list[tuple[str, str | None]] = field(default_factory=list)  # (path, Range header)
+    delay: float = 0.0  # seconds before each response's body (to make two fetches overlap)
 
 
 def make_handler(files: Files) -> type[BaseHTTPRequestHandler]:
@@ -46,6 +48,8 @@ def make_handler(files: Files) -> type[BaseHTTPRequestHandler]:
             if rng:
                 self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
             self.end_headers()
+            if files.delay:
+                time.sleep(files.delay)
             cut = files.cut_after.pop(name, None)
             self.wfile.write(body if cut is None else body[:cut])
             if cut is not None:

@@ -88,3 +88,20 @@ def test_data_dir_option_points_the_dataset_at_a_folder(tmp_path):
     cfg = load_config(None, ["dataset.name=npz", "dataset.path=a.npz", "dataset.data_dir=b.npz"])
     # user-file datasets take the folder/file as their path, recorded absolute (a resume from elsewhere finds it)
     assert cfg.dataset.path == str(Path("b.npz").resolve())
+
+
+@pytest.mark.parametrize("width", [80, 200])
+def test_option_tables_read_at_80_columns(width):
+    """At 80 columns the four-column table left the description five characters wide; there each option is a
+    heading and its description below it, every line within the width."""
+    import subprocess
+    import sys
+
+    env = {**__import__("os").environ, "COLUMNS": str(width)}
+    done = subprocess.run([sys.executable, "-m", "fedmerge", "list", "run"], capture_output=True, text=True, env=env)
+    assert done.returncode == 0
+    lines = done.stdout.splitlines()
+    assert max(len(line) for line in lines) <= width
+    # a whole phrase of a description on one line, as in the schema (a squeezed column breaks it up)
+    assert any("seeds the partition, splits, noise" in line for line in lines)
+    assert any("privacy.secure_aggregation.reconstruction_threshold" in line for line in lines)

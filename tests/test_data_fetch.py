@@ -197,3 +197,139 @@ def test_list_dataset_shows_the_download_size_licence_and_fetch_command(monkeypa
         assert CATALOG.get(name).licence in result.output
     result = CliRunner().invoke(main_app, ["list", "dataset", "digits"])
     assert result.exit_code == 0 and "fedmerge data fetch" not in result.output  # nothing to fetch
+
+
+# --- mirrors, fall-through, the per-file lock, registered copies, quiet ------------------------------
+def test_a_checksum_mismatch_falls_through_to_the_next_source(tmp_path: Path) -> None:
+    with serve({"bad/a.bin": PAYLOAD[:-1] + b"x", "a.bin": PAYLOAD}) as (base, files):
+        r = RemoteFile("a.bin", (f"{base}/bad/a.bin", f"{base}/a.bin"), sha256(PAYLOAD))
+        fetch_file(r, tmp_path, progressbar=False)
+    assert [p for p, _ in files.requests] == ["bad/a.bin", "a.bin"]
+    assert (tmp_path / "a.bin").read_bytes() == PAYLOAD and only_files(tmp_path) == ["a.bin"]
+
+
+def test_every_source_failing_is_one_line_naming_each(tmp_path: Path) -> None:
+    with serve({"bad/a.bin": b"corrupt"}) as (base, _):
+        r = RemoteFile("a.bin", (f"{base}/bad/a.bin", f"{base}/gone/a.bin"), sha256(PAYLOAD))
+        with pytest.raises(DownloadError) as err:
+            fetch_file(r, tmp_path, progressbar=False)
+    message = str(err.value)
+    assert "\n" not in message and "from 2 source(s)" in message
+    assert f"{base}/bad/a.bin: checksum mismatch for a.bin" in message and f"{base}/gone/a.bin (" in message
+    assert "fedmerge data add" in message
+
+
+def test_mirrors_from_the_environment_come_first_corrupt_one_skipped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = tmp_path / "ds"  # the dataset's folder: mirrors hold <mirror>/<dataset>/<file>
+    with serve({"m1/ds/a.bin": b"corrupt", "m2/ds/a.bin": PAYLOAD, "a.bin": PAYLOAD}) as (base, files):
+        monkeypatch.setenv("FEDMERGE_DATA_MIRROR", f"{base}/m1 {base}/m2/")
+        fetch_file(remote(base), folder, progressbar=False)
+    assert [p for p, _ in files.requests] == ["m1/ds/a.bin", "m2/ds/a.bin"]  # the publisher was not needed
+    assert (folder / "a.bin").read_bytes() == PAYLOAD
+
+
+def test_a_folder_is_a_mirror_too_and_the_option_wins_over_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    copy = tmp_path / "institute" / "ds"
+    copy.mkdir(parents=True)
+    (copy / "a.bin").write_bytes(PAYLOAD)
+    monkeypatch.setenv("FEDMERGE_DATA_MIRROR", "http://127.0.0.1:9/never")
+    url = f"http://127.0.0.1:{closed_port()}/a.bin"
+    r = RemoteFile("a.bin", (url,), sha256(PAYLOAD))
+    fetch_file(r, tmp_path / "data" / "ds", progressbar=False, mirrors=[str(tmp_path / "institute")])
+    assert (tmp_path / "data" / "ds" / "a.bin").read_bytes() == PAYLOAD
+
+
+def test_cli_fetch_with_mirror(tmp_path: Path) -> None:
+    content = {f.name: f.name.encode() * 100 for f in CATALOG.get("mnist").files}
+    with served_dataset("mnist", content) as files:
+        mirrored = {f"copy/mnist/{n}": b for n, b in content.items()}
+        files.content = mirrored  # only the mirror has them now
+        base = CATALOG.get("mnist").files[0].urls[0].rsplit("/", 1)[0]
+        result = CliRunner().invoke(app, ["fetch", "mnist", "--dir", str(tmp_path), "-q", "--mirror", f"{base}/copy"])
+    assert result.exit_code == 0, result.output
+    assert sorted(p for p, _ in files.requests) == sorted(mirrored)
+
+
+def test_two_fetches_of_one_file_at_once_download_it_once(tmp_path: Path) -> None:
+    import threading
+
+    with serve({"a.bin": PAYLOAD}) as (base, files):
+        files.delay = 0.5  # both start while the first transfer is under way
+        errors: list[BaseException] = []
+
+        def fetch() -> None:
+            try:
+                fetch_file(remote(base), tmp_path, progressbar=False)
+            except BaseException as exc:  # noqa: BLE001
+                errors.append(exc)
+
+        threads = [threading.Thread(target=fetch) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert not errors
+    assert len(files.requests) == 1
+    assert (tmp_path / "a.bin").read_bytes() == PAYLOAD and only_files(tmp_path) == ["a.bin"]
+
+
+def test_data_add_registers_a_local_copy_with_its_own_checksum(tmp_path: Path) -> None:
+    import hashlib
+
+    own = tmp_path / "mirror-copy.tar.gz"
+    own.write_bytes(b"an institute's repacked archive")
+    digest = hashlib.sha256(own.read_bytes()).hexdigest()
+    data = tmp_path / "data"
+    runner = CliRunner()
+    wrong = runner.invoke(app, ["add", "cifar10", str(own), "--checksum", "0" * 64, "--dir", str(data)])
+    assert wrong.exit_code == 1 and "not the " + "0" * 64 in wrong.output
+    assert not (data / "cifar10" / "cifar-10-python.tar.gz").exists()
+    result = runner.invoke(app, ["add", "cifar10", str(own), "--checksum", digest, "--dir", str(data)])
+    assert result.exit_code == 0, result.output
+    assert "registered with its own checksum" in result.output
+    entry = CATALOG.get("cifar10")
+    folder = data / "cifar10"
+    assert (folder / "cifar-10-python.tar.gz").read_bytes() == own.read_bytes()
+    assert verify_file(entry.files[0], folder)  # against the registered checksum, not the publisher's
+    assert check_dataset("cifar10", data) == []
+    assert fetch_dataset("cifar10", data, progressbar=False) == folder  # verified: nothing downloaded
+    (folder / "cifar-10-python.tar.gz").write_bytes(b"altered later")
+    assert check_dataset("cifar10", data) == ["cifar-10-python.tar.gz"]
+
+
+def test_data_add_of_the_published_file_registers_nothing(tmp_path: Path) -> None:
+    content = {f.name: f.name.encode() * 100 for f in CATALOG.get("mnist").files}
+    name = "train-labels-idx1-ubyte.gz"
+    copy = tmp_path / "labels.gz"
+    copy.write_bytes(content[name])
+    with served_dataset("mnist", content):
+        digest = sha256(content[name]).removeprefix("sha256:")
+        result = CliRunner().invoke(
+            app, ["add", "mnist", str(copy), "--as", name, "--checksum", digest, "--dir", str(tmp_path)]
+        )
+        assert result.exit_code == 0, result.output
+        assert "the published file" in result.output
+        assert not (tmp_path / "mnist" / f"{name}.registered").exists()
+        unnamed = CliRunner().invoke(app, ["add", "mnist", str(copy), "--checksum", digest, "--dir", str(tmp_path)])
+    assert unnamed.exit_code == 1 and "name it with --as" in unnamed.output
+
+
+def test_quiet_silences_pooch(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    import pooch
+
+    logger = pooch.get_logger()  # pooch's logger does not propagate: listen to it directly
+    logger.addHandler(caplog.handler)
+    try:
+        with serve({"a.bin": PAYLOAD, "b.bin": PAYLOAD}) as (base, _), caplog.at_level(logging.INFO, logger="pooch"):
+            fetch_file(remote(base), tmp_path, progressbar=False)
+            assert not [r for r in caplog.records if r.name == "pooch"]
+            fetch_file(remote(base, name="b.bin"), tmp_path, progressbar=True)  # not quiet: pooch says what it does
+            assert any("Downloading data from" in r.getMessage() for r in caplog.records if r.name == "pooch")
+    finally:
+        logger.removeHandler(caplog.handler)

@@ -89,6 +89,21 @@ def test_hook_renders_the_schema_and_refuses_an_unknown_name():
         hooks.expand("<!-- options: algorithm fedprx -->")
 
 
+def test_the_options_page_has_a_table_for_every_section_dataset_partitioner_and_model():
+    from mkdocs.exceptions import PluginError
+
+    hooks = load_hooks()
+    page = (Path(__file__).resolve().parents[1] / "docs" / "reference" / "options.md").read_text()
+    out = hooks.on_page_markdown(page, page=None)
+    want = [markdown_table(catalog.config_class(kind)) for kind in catalog.SECTIONS]
+    for kind in ("dataset", "partition", "model"):
+        want += [markdown_table(e.config) for e in catalog.REGISTRIES[kind].entries()]
+        assert all(f"`{kind}.name: {e.name}`" in out for e in catalog.REGISTRIES[kind].entries())
+    assert all(table in out for table in want) and "options-all" not in out
+    with pytest.raises(PluginError, match="unknown kind 'datasets'"):
+        hooks.expand("<!-- options-all: datasets -->")
+
+
 def mkdocs_build(config: Path, site: Path) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(config), "-d", str(site)]
     return subprocess.run(
@@ -153,7 +168,8 @@ def test_two_pages_open_in_headless_chromium_with_navigation_and_no_errors(site,
       tabs: [...document.querySelectorAll('.md-tabs__link')].map(a => a.textContent.trim()),
       links: document.querySelectorAll('nav.md-nav--primary a.md-nav__link').length,
       title: document.querySelector('article h1') && document.querySelector('article h1').textContent.trim(),
-      tables: document.querySelectorAll('article table').length})"""
+      tables: document.querySelectorAll('article table').length,
+      cut: [...document.querySelectorAll('article pre code')].filter(c => c.scrollWidth > c.clientWidth + 1).length})"""
     try:
         for path, title in (("", "fedmerge"), ("methods/merging/", "Model merging: FedMerge")):
             shot = tmp_path / f"{path.strip('/').replace('/', '_') or 'home'}.png"
@@ -164,5 +180,23 @@ def test_two_pages_open_in_headless_chromium_with_navigation_and_no_errors(site,
             assert {"Getting started", "User guide", "How-to", "Methods", "API reference"} <= set(seen["tabs"]), seen
             assert seen["links"] > 20 and seen["tables"] >= 1, seen
             assert shot.stat().st_size > 10_000
+        # long command lines wrap, none cut at the column's edge (17 of deployment.md's 20 blocks were)
+        deployment = json.loads(open_url(f"{base}/deployment/", probe, tmp_path / "deployment.png").value)
+        assert deployment["cut"] == 0, deployment
     finally:
         server.shutdown()
+
+
+def test_docstrings_use_the_sites_cross_references_not_sphinx_roles():
+    """mkdocstrings shows a Sphinx role (:class:`X`) literally; the site's syntax is [`X`][fedmerge.path.X]."""
+    import re
+
+    role = re.compile(r":(class|func|meth|data|mod|attr|exc|obj):`")
+    src = Path(__file__).resolve().parents[1] / "src" / "fedmerge"
+    found = [
+        f"{p.relative_to(src)}:{i}"
+        for p in src.rglob("*.py")
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if role.search(line)
+    ]
+    assert not found, f"Sphinx roles in docstrings: {found[:5]}"

@@ -60,6 +60,16 @@ def test_simulation_matches_local_engine_bit_for_bit(tmp_path, algorithm):
     assert local.summary["last"] == flower.summary["last"]
 
 
+def test_a_simulation_starts_its_own_ray_whatever_cluster_the_machine_names(tmp_path, monkeypatch):
+    """A Ray cluster the user runs (or RAY_ADDRESS names) is not the simulation's: ray.init would join it and
+    refuse the simulation's CPU count ("When connecting to an existing cluster, num_cpus ... must not be
+    provided"), so the simulation asks for a private instance."""
+    pytest.importorskip("ray", reason="Flower simulation needs ray: pip install -e '.[flower]'")
+    monkeypatch.setenv("RAY_ADDRESS", "auto")  # join the machine's running cluster; with none running, fail
+    flower = run(quick_config(*SMALL, "rounds=1", "engine=flower", "flower.num_cpus=1"), tmp_path / "flower")
+    assert flower.summary["rounds_completed"] == 1
+
+
 # The configuration of issue 18: a TwoNN trained at batch 10.
 SUPERFED = Path(__file__).parent.parent / "configs" / "superfed_digits_pathological.yaml"
 SMALL_SUPERFED = ["rounds=2", "eval_every=2", "partition.num_clients=5", "algorithm.start_round=2"]

@@ -169,7 +169,7 @@ def one_line_failure(grid, run_config: dict, monkeypatch, capsys) -> str:
 def test_onboarding_refusals_are_one_line(tmp_path, trained, task_identity, monkeypatch, capsys):
     from fedmerge.algorithms.ditto import Ditto
     from fedmerge.core.algorithm import Algorithm
-    from fedmerge.engines.flower.engine import FlowerOptions
+    from fedmerge.engines.flower.federation import FlowerOptions
 
     cfg, run_dir, files = trained("ditto")
     before = digests(run_dir)

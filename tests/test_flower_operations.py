@@ -196,7 +196,7 @@ def test_each_round_logs_each_clients_communication_on_both_engines(tmp_path, ex
 
 
 def test_failure_reasons_read_as_one_line():
-    from fedmerge.engines.flower.engine import _one_line
+    from fedmerge.engines.flower.federation import _one_line
 
     assert _one_line("<class 'KeyError'>:<''body.1.weight''>") == "KeyError: 'body.1.weight'"
     flower = "<class 'fedmerge.engines.flower.node.NodeStateError'>:<'client 2 has no state for run ab-cd'>"

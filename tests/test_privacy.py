@@ -19,7 +19,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from fedmerge.algorithms import ALGORITHMS
-from fedmerge.algorithms.privacy import PUBLIC_META, PrivacySettings, PrivateAlgorithm, adaptive_noise_multiplier
+from fedmerge.algorithms.privacy import PrivateAlgorithm
+from fedmerge.algorithms.privacy_settings import PUBLIC_META, PrivacySettings, adaptive_noise_multiplier
 from fedmerge.config.schema import ConfigError, load_config, to_yaml
 from fedmerge.core.algorithm import ClientContext
 from fedmerge.core.privacy import (

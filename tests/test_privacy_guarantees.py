@@ -17,7 +17,8 @@ from helpers import quick_config, run
 from torch import nn
 
 from fedmerge.algorithms import ALGORITHMS
-from fedmerge.algorithms.privacy import BIT_KEY, PUBLIC_META, PrivacySettings, PrivateAlgorithm
+from fedmerge.algorithms.privacy import PrivateAlgorithm
+from fedmerge.algorithms.privacy_settings import BIT_KEY, PUBLIC_META, PrivacySettings
 from fedmerge.config.schema import load_config
 from fedmerge.core.algorithm import ClientContext
 from fedmerge.core.privacy import NoiseSource, PrivateGradients, flat_norm, new_secret, reproducible_secret

@@ -30,7 +30,20 @@ def index():
     return load_script("reproductions_index")
 
 
+def full_history() -> None:
+    """The late-declaration marks are read from git history (when each claim was committed): a shallow clone
+    or a copy without .git cannot regenerate them."""
+    import subprocess
+
+    root = DOCS.parents[1]
+    ask = ["git", "-C", str(root), "rev-parse", "--is-shallow-repository"]
+    shallow = subprocess.run(ask, capture_output=True, text=True)
+    if shallow.returncode != 0 or shallow.stdout.strip() != "false":
+        pytest.skip("needs the repository's full git history (a git clone without --depth)")
+
+
 def test_running_the_generator_writes_the_committed_readme_and_tables(index, tmp_path):
+    full_history()
     # Everything the generator reads (JSON files, verdicts.md, HISTORY.md and READING.md), none of its output.
     docs = tmp_path / "reproductions"
     shutil.copytree(DOCS, docs, ignore=shutil.ignore_patterns("*.png", "archive", "README.md", "TABLES.md"))
@@ -115,12 +128,15 @@ def test_the_confirmation_table_gives_seeds_regime_and_claim_verdicts_per_paper_
     data = json.loads((family / "fedmerge_toy_confirm.json").read_text())
     for check in data["regime"]:
         check["split"] = "val"
-    claims = [{"verdict": v} for v in ("reproduced", "not reproduced", "reproduced", "level", None)]
+    verdicts = [("P1", "reproduced"), ("P1", "not reproduced"), ("P2", "reproduced"), ("P3", "level"), ("P3", None)]
+    claims = [{"paper": p, "higher": f"R{i}", "lower": "Local", "verdict": v} for i, (p, v) in enumerate(verdicts)]
     data |= {"seeds": [100, 101, 102, 103, 104], "explored_on": [0, 1, 2], "claims": claims}
     (family / "fedmerge_toy_confirm.json").write_text(json.dumps(data))
+    # By hand: P1 has a comparison not reproduced, P3 one level and one without a verdict; only P2 holds.
     row = (
-        "| FedMerge Table 9 | 0-2 | 100-104 | 4 of 5 | [2 reproduced, 1 level, 1 not reproduced, 1 no verdict]"
-        "(fedmerge/toy/fedmerge_toy_confirm.md) |"
+        "| FedMerge Table 9 | 0-2 | 100-104 | 4 of 5 | [1 of 3 paper claims reproduced]"
+        "(fedmerge/toy/fedmerge_toy_confirm.md); not reproduced: P1; P3 "
+        "(comparisons: 2 reproduced, 1 level, 1 not reproduced, 1 no verdict) |"
     )
     assert row in index.outputs(docs)[docs / "README.md"]
     del data["regime"][2]["split"]  # a check from before the split was recorded read test
@@ -190,3 +206,132 @@ def test_relinking_repoints_a_moved_files_links_and_only_those(tmp_path):
     # A bare file name as the label of a moved file keeps its name; a label that was a path follows the path.
     top = check.relink("[x.md](x.md) [readings/x.md](readings/x.md)", "d/v.md", "d/v.md", moves)
     assert top == "[x.md](p/f/x.md) [p/f/READING.md](p/f/READING.md)"
+
+
+# --- paper claims: counted per claim, each comparison once, late declarations marked --------------------
+
+
+def comparison(paper: str, higher: str, lower: str, verdict: str | None) -> dict:
+    return {"paper": paper, "higher": higher, "lower": lower, "verdict": verdict}
+
+
+def confirm_study(index, name: str, claims: list[dict], rows: dict | None = None):
+    rows = rows or {}
+    data = {"title": name, "regime": [], "rows": rows, "explored_on": [0], "seeds": [100], "claims": claims}
+    return index.Study(Path(f"/nowhere/fedmerge/toy/{name}.json"), data)
+
+
+def test_a_claim_needing_three_comparisons_with_one_failing_counts_0_of_1(index):
+    claims = [
+        comparison("A", "X", "L", "reproduced"),
+        comparison("A", "X", "F", "level"),
+        comparison("A", "X", "G", "reproduced"),
+    ]
+    grouped = index.count_paper_claims(confirm_study(index, "s", claims), {}, "T", {})
+    assert [(c.text, len(c.comparisons), c.reproduced) for c in grouped] == [("A", 3, False)]
+    text = index.paper_claims_text(grouped, "s.md")
+    assert text == "[0 of 1 paper claims reproduced](s.md); not reproduced: A"
+
+
+def test_two_claims_sharing_nothing_count_separately_and_an_empty_text_is_a_claim_of_its_own(index):
+    claims = [
+        comparison("A", "X", "L", "reproduced"),
+        comparison("A", "X", "F", "reproduced"),
+        comparison("B", "F", "L", "not reproduced"),
+        comparison("", "G", "L", "reproduced"),
+        comparison("", "G", "F", "reproduced"),
+    ]
+    grouped = index.count_paper_claims(confirm_study(index, "s", claims), {}, "T", {})
+    # By hand: A holds (2 of 2), B fails, and each of the two comparisons without a text is its own claim.
+    assert [c.text for c in grouped] == ["A", "B", "G above L", "G above F"]
+    assert index.paper_claims_text(grouped, "s.md") == "[3 of 4 paper claims reproduced](s.md); not reproduced: B"
+
+
+def test_a_comparison_listed_under_two_claims_is_refused_with_a_one_line_error(index, tmp_path):
+    claims = [comparison("A", "X", "L", "reproduced"), comparison("B", "X", "L", "reproduced")]
+    with pytest.raises(ValueError, match="listed under 'A' and 'B'") as err:
+        index.paper_claims(claims)
+    assert "\n" not in str(err.value)
+    docs = toy_docs(tmp_path, "fedmerge_toy", "evidence")
+    write_study(docs / "fedmerge" / "toy", "fedmerge_toy_confirm", [True])
+    path = docs / "fedmerge" / "toy" / "fedmerge_toy_confirm.json"
+    path.write_text(json.dumps(json.loads(path.read_text()) | {"explored_on": [0], "claims": claims}))
+    assert index.main(["--docs", str(docs), "--check"]) == 1
+
+
+def test_a_study_file_listing_a_comparison_twice_is_refused():
+    from fedmerge.study.spec import Claim, Row, Study
+
+    rows = [Row(label="Local", overrides=[]), Row(label="FedAvg", overrides=[])]
+    claims = [Claim(paper="A", higher="FedAvg", lower="Local"), Claim(paper="B", higher="FedAvg", lower="Local")]
+    with pytest.raises(ValueError, match="'FedAvg' > 'Local' is listed twice"):
+        Study(title="t", base="b.yaml", seeds=[0], methods=rows, claims=claims)
+
+
+def test_a_comparison_with_the_figures_of_one_counted_before_is_not_counted_again(index):
+    rows = {
+        "LIVAR": {"seeds": [100, 101], "best_val": [0.61, 0.62]},
+        "FedAvg": {"seeds": [100, 101], "best_val": [0.54, 0.55]},
+        "neither": {"seeds": [100, 101], "best_val": [0.54, 0.55]},  # FedAvg bit for bit
+        "alpha": {"seeds": [100, 101], "best_val": [0.50, 0.52]},
+    }
+    table1 = confirm_study(index, "t1", [comparison("T1: above FedAvg", "LIVAR", "FedAvg", "reproduced")], rows)
+    table4 = confirm_study(
+        index,
+        "t4",
+        [
+            comparison("T4: full is best", "LIVAR", "neither", "reproduced"),
+            comparison("T4: full is best", "LIVAR", "alpha", "reproduced"),
+            comparison("T1: above FedAvg", "LIVAR", "FedAvg", "reproduced"),
+        ],
+        rows,
+    )
+    counted: dict = {}
+    assert index.paper_claims_text(index.count_paper_claims(table1, counted, "Table 1", {}), "t1.md") == (
+        "[1 of 1 paper claims reproduced](t1.md)"
+    )
+    grouped = index.count_paper_claims(table4, counted, "Table 4", {})
+    # By hand: "full is best" needs LIVAR > neither (the Table 1 comparison) and LIVAR > alpha (new), so it
+    # counts here; Table 1's claim repeated here compares the same figures and counts under Table 1 only.
+    assert index.paper_claims_text(grouped, "t4.md") == (
+        "[1 of 1 paper claims reproduced](t4.md); not counted again: T1: above FedAvg (counted under Table 1)"
+    )
+
+
+def test_a_claim_declared_after_its_runs_is_marked_in_the_count(index):
+    claims = [comparison("A", "X", "L", "reproduced"), comparison("B", "F", "L", "level")]
+    late = {("F", "L"): "declared after its runs: 2026-01-02 10:00 UTC (bbbbbbbb); runs from aaaaaaaa (2026-01-01)"}
+    grouped = index.count_paper_claims(confirm_study(index, "s", claims), {}, "T", late)
+    assert index.paper_claims_text(grouped, "s.md") == (
+        "[1 of 2 paper claims reproduced](s.md); not reproduced: B; **declared after its runs (B): "
+        "2026-01-02 10:00 UTC (bbbbbbbb); runs from aaaaaaaa (2026-01-01)**"
+    )
+
+
+def test_the_runs_commits_are_read_from_the_reports_results_table(index, tmp_path):
+    report = tmp_path / "r.md"
+    report.write_text(
+        "# r\n\n## Results\n\n| method | chosen | seeds | commits |\n|---|---|---|---|\n"
+        "| Local | lr=0.2 | 5 | 070bce24, 07ee2a66 (mixed) |\n| FedAvg | lr=0.2 | 5 | 327fd503+dirty |\n\n"
+        "## Claims\n\n| a | b |\n|---|---|\n| x | deadbeef |\n"
+    )
+    assert index.run_commits(report) == ["070bce24", "07ee2a66", "327fd503"]
+
+
+def test_the_published_index_counts_paper_claims_and_marks_the_late_ones():
+    readme = (DOCS / "README.md").read_text()
+    domain = next(line for line in readme.splitlines() if line.startswith("| FedMerge Tables 2-4, domain | 0-2 | 100"))
+    assert "2 of 5 paper claims reproduced" in domain and "declared after its runs (all 5)" in domain
+    beta10 = next(line for line in readme.splitlines() if line.startswith("| LIVAR Table 1, beta 1.0 | 0-2 | 100"))
+    assert "2 of 4 paper claims reproduced" in beta10
+    assert "declared after its runs (Table 1: the merging rules" in beta10
+
+
+def test_a_hand_written_paper_claim_count_that_drifts_from_the_json_is_refused(index, tmp_path):
+    docs = toy_docs(tmp_path, "fedmerge_toy", "evidence: 1 of 1 paper claims reproduced")
+    write_study(docs / "fedmerge" / "toy", "fedmerge_toy_confirm", [True])
+    path = docs / "fedmerge" / "toy" / "fedmerge_toy_confirm.json"
+    claims = [comparison("A", "X", "L", "reproduced"), comparison("A", "X", "F", "level")]  # by hand: 0 of 1
+    path.write_text(json.dumps(json.loads(path.read_text()) | {"explored_on": [0], "claims": claims}))
+    with pytest.raises(ValueError, match="says 1 of 1 paper claims reproduced .*the JSON: 0 of 1"):
+        index.outputs(docs)

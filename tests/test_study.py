@@ -191,6 +191,10 @@ def test_a_revisions_regime_keys_replace_only_those_keys(tmp_path):
             {"revisions": [{"name": "w", "methods": [{"label": "Local", "grid": {"algorithm.lr": [0.1]}}]}]},
             "revision 'w': unequal tuning budgets {'Local': 1, 'FedAvg': 2}",
         ),
+        (
+            {"claims": [{"paper": p, "higher": "FedAvg", "lower": "Local"} for p in ("A", "B")]},
+            "claim 'FedAvg' > 'Local' is listed twice (under 'A' and 'B'); a comparison belongs to one paper claim",
+        ),
     ],
 )
 def test_a_bad_study_file_is_refused_in_one_line(tmp_path, change, message):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import signal
+from functools import partial
 from pathlib import Path
 from typing import Literal
 
@@ -20,7 +21,10 @@ from fedmerge.config.schema import ConfigError, load_config
 from fedmerge.core.algorithm import ALGORITHMS
 from fedmerge.core.loop import RoundFailed
 from fedmerge.engines import workers
+from fedmerge.engines.grouped_eval import forward_batches
+from fedmerge.engines.local import LocalEngine
 from fedmerge.engines.workers import Channel
+from fedmerge.models.cnn import TwoCNN
 from fedmerge.run.runner import run_experiment
 
 # The TwoNN of the shipped SuPerFed config, 5 clients x 2 classes: big enough for multi-threaded kernels.
@@ -72,6 +76,46 @@ def test_workers_match_sequential_bit_for_bit(tmp_path, algorithm):
     one = run(quick_config(*algorithm, "rounds=3", "model.name=twonn", "workers=1"), tmp_path / "one")
     two = run(quick_config(*algorithm, "rounds=3", "model.name=twonn", "workers=2"), tmp_path / "two")
     assert_runs_identical(one.run_dir, two.run_dir)
+
+
+@pytest.mark.parametrize("method", ["fedavg", "ditto"])
+def test_evaluation_passes_shared_by_the_workers_match_one_process_bit_for_bit(tmp_path, monkeypatch, method):
+    # FedAvg's grouped pass over every client's rows and Ditto's pooled test of its global model run as whole
+    # batches in the workers (eval_batch_size 32: several batches each); every metric stays that of one process
+    spread: list[bool] = []
+    shared = LocalEngine._forward_in_workers
+
+    def counted(engine, *args):
+        out = shared(engine, *args)
+        spread.append(out is not None)
+        return out
+
+    monkeypatch.setattr(LocalEngine, "_forward_in_workers", counted)
+    case = [f"algorithm.name={method}", "rounds=2", "model.name=twonn", "eval_batch_size=32"]
+    one = run(quick_config(*case, "workers=1"), tmp_path / "one")
+    assert not any(spread)
+    two = run(quick_config(*case, "workers=2"), tmp_path / "two")
+    assert any(spread), "no evaluation pass ran in the workers"
+    assert_runs_identical(one.run_dir, two.run_dir)
+
+
+def test_a_pass_in_the_workers_keeps_the_rows_layout_and_every_bit():
+    # Fashion-MNIST's rows have channels-last strides (one channel: (784, 1, 28, 1)); the pipe sends them
+    # contiguous, and a convolution over the other layout takes another kernel (other last bits)
+    torch.set_num_threads(1)
+    model = TwoCNN(1, (28, 28), 10)
+    x = torch.randn(300, 28, 28, 1, generator=torch.Generator().manual_seed(0)).permute(0, 3, 1, 2)
+    assert x.stride() == (784, 1, 28, 1)
+    weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    engine = LocalEngine([], model, torch.device("cpu"), 0, workers=2)
+    engine._pool = workers.WorkerPool(2, partial(engine._run_task, None))  # as a round's fit leaves it
+    try:
+        ends = [64, 128, 192, 256, 300]
+        spread = engine._forward_in_workers(weights, x, ends)
+        assert spread is not None
+        assert torch.equal(spread, forward_batches(model, x, ends))
+    finally:
+        engine.close()
 
 
 def test_resume_on_workers_is_bit_identical(tmp_path):

@@ -3,9 +3,11 @@
 The registered method is ``ccvr.py`` (FedAvg + calibration); LIVAR composes "LIVAR then CCVR" with the
 same functions. The steps:
 
-1. :func:`client_class_stats`: each client's per-class count ``N_ck``, mean ``mu_ck`` and *unbiased*
+1. [`client_class_stats()`][fedmerge.algorithms._ccvr.client_class_stats]: each client's per-class count ``N_ck``, mean
+   ``mu_ck`` and *unbiased*
    covariance ``Sigma_ck`` of the penultimate features ``model.features(x)`` (eval mode).
-2. :func:`pool_class_stats`: the exact mean and unbiased covariance of the union of the clients' features,
+2. [`pool_class_stats()`][fedmerge.algorithms._ccvr.pool_class_stats]: the exact mean and unbiased covariance of the
+   union of the clients' features,
 
        mu_c    = sum_k N_ck mu_ck / N_c
        Sigma_c = sum_k (N_ck - 1)/(N_c - 1) Sigma_ck + sum_k N_ck/(N_c - 1) mu_ck mu_ck^T - N_c/(N_c - 1) mu_c mu_c^T
@@ -13,14 +15,16 @@ same functions. The steps:
    (the paper's formula). FL-bench's client computes ``Sigma_ck`` with ``correction=0`` (biased) but
    pools with the unbiased formula above; here the local covariances are unbiased, so the pooled one is
    exactly ``torch.cov`` of the concatenated features (a test checks it).
-3. :func:`virtual_features`: ``samples_per_class`` draws from ``N(mu_c, Sigma_c)`` per class with
+3. [`virtual_features()`][fedmerge.algorithms._ccvr.virtual_features]: ``samples_per_class`` draws from ``N(mu_c,
+   Sigma_c)`` per class with
    ``N_c >= 2`` (others are skipped), from a seeded generator. Sampling goes through an eigen-
    decomposition with eigenvalues clamped at zero plus ``jitter``, so rank-deficient covariances (fewer
    samples than feature dimensions, dead ReLU units) never fail.
-4. :func:`calibrate_head`: retrain only the final linear layer ``model.classifier`` on the virtual
+4. [`calibrate_head()`][fedmerge.algorithms._ccvr.calibrate_head]: retrain only the final linear layer
+   ``model.classifier`` on the virtual
    features with plain SGD (``settings.lr``, default the algorithm's lr; no momentum or weight decay, as
    FL-bench) for ``settings.epochs`` epochs at the algorithm's batch size, with the one training routine
-   :func:`fedmerge.core.training.local_sgd`.
+   [`fedmerge.core.training.local_sgd()`][fedmerge.core.training.local_sgd].
 """
 
 from __future__ import annotations
@@ -63,7 +67,7 @@ def client_class_stats(model: nn.Module, x: Tensor, y: Tensor, num_classes: int)
 def pool_class_stats(stats: Sequence[dict[str, Tensor]]) -> tuple[Tensor, Tensor, Tensor]:
     """Pooled ``counts`` (C,) float64, ``means`` (C, D) and unbiased ``covs`` (C, D, D) (float32; computed
     in float64) of the union of the clients' samples. Classes with ``N_c < 2`` get a zero covariance, and
-    absent classes a zero mean; :func:`virtual_features` skips both."""
+    absent classes a zero mean; [`virtual_features()`][fedmerge.algorithms._ccvr.virtual_features] skips both."""
     if not stats:
         raise ValueError("pool_class_stats needs the statistics of at least one client")
     counts = [s["count"].double() for s in stats]

@@ -33,7 +33,8 @@ def pack(models: Sequence[Mapping[str, torch.Tensor]], own: Callable[[str], bool
 
 
 def unpack(tensors: Mapping[str, torch.Tensor], k: int) -> list[StateDict]:
-    """The ``k`` full state dicts of a :func:`pack` record (shared keys are the same tensors)."""
+    """The ``k`` full state dicts of a [`pack()`][fedmerge.algorithms._multimodel.pack] record (shared keys are the
+    same tensors)."""
     base = {key: v for key, v in tensors.items() if not _PREFIX.match(key)}
     models = [base]
     for j in range(1, k):

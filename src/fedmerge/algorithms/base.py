@@ -36,7 +36,8 @@ def model_weights(ctx: ClientContext) -> StateDict:
 def gap_subset(data: ClientDataLike, ctx: ClientContext, samples: int) -> tuple[torch.Tensor, torch.Tensor]:
     """A fixed subset (same every round) of up to ``samples`` training examples, for the local-global
     gap. Empty when ``samples`` is 0 (the default ``gap_samples``): the losses are then NaN, cost
-    nothing (no draw, no forward pass: :func:`gap_loss`), and the round loop leaves the gap out."""
+    nothing (no draw, no forward pass: [`gap_loss()`][fedmerge.algorithms.base.gap_loss]), and the round loop leaves
+    the gap out."""
     if samples == 0:
         return data.x_train[:0], data.y_train[:0]
     n = int(data.y_train.shape[0])
@@ -48,12 +49,12 @@ def gap_subset(data: ClientDataLike, ctx: ClientContext, samples: int) -> tuple[
 
 
 def gap_loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
-    """The training loss on a :func:`gap_subset`; NaN, without touching the model, when it is empty."""
+    """The training loss on a `gap_subset()`; NaN, without touching the model, when it is empty."""
     return mean_loss(model, x, y) if y.numel() else float("nan")
 
 
 def client_sgd(ctx: ClientContext, data: ClientDataLike, cfg: LocalTraining, **options: Any) -> TrainStats:
-    """The client's training step on its own data: :func:`~fedmerge.core.training.local_sgd` on ``ctx.model``
+    """The client's training step on its own data: [`local_sgd()`][fedmerge.core.training.local_sgd] on ``ctx.model``
     and the client's training split, drawing batches from the round's ``"train"`` generator.
 
     ``options`` are ``local_sgd``'s keywords (``params``, ``extra_loss``, ``before_step``, ``before_forward``,
@@ -75,7 +76,7 @@ def train_received(
     """Load the received weights into ``ctx.model``, train locally, and return the update's meta.
 
     Besides ``num_examples``/``train_loss``/``steps`` the meta carries the local-global gap: the
-    training loss (eval mode, on :func:`gap_subset`) of the model as received (``loss_received``) and
+    training loss (eval mode, on `gap_subset()`) of the model as received (``loss_received``) and
     after local training (``loss_trained``). Both are forward passes only, and draw no randomness,
     so training is unchanged by them.
     """
@@ -173,7 +174,7 @@ class GlobalModelAlgorithm(Algorithm):
 class StatisticsAlgorithm(GlobalModelAlgorithm):
     """FedAvg's training whose clients also send statistics of their trained model (input Grams,
     Fishers, class moments) next to its weights, under ``stats_prefix``; the server splits them off
-    with :meth:`split` and merges with them (RegMean, Fisher averaging, CCVR, LIVAR)."""
+    with `split()` and merges with them (RegMean, Fisher averaging, CCVR, LIVAR)."""
 
     dp_sgd_refusal = (
         "sends statistics of its raw training data (Grams, Fishers, class moments, importances) that DP-SGD "

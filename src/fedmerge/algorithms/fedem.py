@@ -5,7 +5,8 @@ E-step on the whole training set (eval mode): ``L[m, s] = CE(h_m(x_s), y_s)``,
 ``q[m, s] = softmax_m(log pi_m - L[m, s])``; M-step for the mixture weights: ``pi = mean_s q[:, s]``;
 then each component m is trained (``local_sgd``, ``local_epochs``) on the weighted loss
 ``sum_{s in batch} q[m, s] CE_ms / |batch|``. Server: each component averaged by n_i over the round's
-clients. Prediction: ``p(y|x) = sum_m pi_m softmax(h_m(x))`` (:func:`mixture_log_probs`).
+clients. Prediction: ``p(y|x) = sum_m pi_m softmax(h_m(x))``
+([`mixture_log_probs()`][fedmerge.algorithms.fedem.mixture_log_probs]).
 pi (and, with momentum, each component's momentum buffers) live in ClientState; communication is M
 models down and M up.
 
@@ -24,7 +25,8 @@ Choices and reference quirks:
 - ``weighting: uniform`` averages components unweighted instead of by n_i.
 
 Evaluation: the personalised model is the pi-weighted mixture of the components' softmax outputs
-(:meth:`FedEM.predict`, given to the engine as a predictor); the component with the largest pi_i is
+([`predict()`][fedmerge.algorithms.fedem.FedEM.predict], given to the engine as a predictor); the component with the
+largest pi_i is
 also evaluated, as the variant ``dominant``.
 
 Weighted loss: ``local_sgd``'s ``loss_fn`` hook computes mean_s(q_s * CE_s) on each batch; the logged

@@ -11,7 +11,8 @@ subset when there are more), averaged over examples:
 
 Gradients are taken one example at a time with plain autograd, so any model works (no vmap needed).
 The server merges each parameter elementwise, ``theta* = sum_i (F_i + eps) theta_i / sum_i (F_i + eps)``
-(:func:`fedmerge.core.merge.weighted_merge`; ``eps = 1e-6`` is the official "fisher floor"; with
+([`fedmerge.core.merge.weighted_merge()`][fedmerge.core.merge.weighted_merge]; ``eps = 1e-6`` is the official "fisher
+floor"; with
 ``eps = 0`` entries no client has Fisher mass for get the plain mean). ``normalize`` first divides each
 client's Fisher by its global L2 norm over all parameters (the official option). Buffers (e.g. BatchNorm
 statistics) and frozen parameters are averaged by sample count ``n_i``. Fishers travel in the update

@@ -1,7 +1,8 @@
 """pFedMoE (Yi et al., 2024): a shared global expert, a personal local expert, a per-sample gate.
 
 No official code exists; this follows the paper and the third-party HtFLlib fork described in the
-methods notes (``clientpfedmoe.py``, ``pFMcnn.py``). Each client's network (:class:`MoE`) is built
+methods notes (``clientpfedmoe.py``, ``pFMcnn.py``). Each client's network ([`MoE`][fedmerge.algorithms.pfedmoe.MoE])
+is built
 from the experiment's model factory:
 
 - global expert: the body (everything but ``head_prefix``) of one model, shared and averaged by n_i

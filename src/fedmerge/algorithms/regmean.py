@@ -3,7 +3,7 @@
 Each round the clients train like FedAvg; then each client runs its training data through the trained
 model (eval mode, no gradient) and, with forward pre-hooks on every ``nn.Linear`` whose weight is
 trainable, records the input Gram ``G_i = X_i^T X_i`` of that layer. The server merges every such weight
-by the closed form (:func:`fedmerge.core.merge.gram_merge`)
+by the closed form ([`fedmerge.core.merge.gram_merge()`][fedmerge.core.merge.gram_merge])
 
     W* = (sum_i W_i G~_i) (sum_i G~_i)^+,   G~_i = alpha G_i + (1 - alpha) diag(G_i),
 

@@ -6,7 +6,8 @@ for s_B, and one value per (A bin, B bin) cell. Each round the server turns ever
 
 The default is the paper's Appendix A Table A with the reference code's digits (SHAP base value
 0.06313978 plus the per-feature SHAP values read off its Fig. 2). ``fedmerge livar calibrate`` writes
-a new table as JSON (:meth:`ShapTable.save`); a LIVAR run loads it with ``algorithm.shap_table=PATH``.
+a new table as JSON ([`save()`][fedmerge.algorithms.shap_table.ShapTable.save]); a LIVAR run loads it with
+``algorithm.shap_table=PATH``.
 """
 
 from __future__ import annotations
@@ -83,7 +84,8 @@ class ShapTable(BaseModel):
 
 
 def quantile_bins(values: Tensor, edges_pct: tuple[float, ...]) -> Tensor:
-    """Bin of each value against the quantiles (percent) of all the values (see :func:`bins_against`)."""
+    """Bin of each value against the quantiles (percent) of all the values (see
+    [`bins_against()`][fedmerge.algorithms.shap_table.bins_against])."""
     q = torch.quantile(values.double().reshape(-1), torch.tensor(edges_pct, dtype=torch.float64) / 100.0)
     return bins_against(values, q)
 

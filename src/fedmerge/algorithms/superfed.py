@@ -74,6 +74,14 @@ class _SuPerFedConfig(AlgorithmConfig):
         "val", description="split the personalised lambda is chosen on (test: the reference code's choice)"
     )
 
+    def warnings(self, rounds: int) -> list[str]:
+        if rounds > self.start_round:
+            return []
+        return [
+            f"rounds={rounds} <= algorithm.start_round={self.start_round}: {self.name} never starts mixing "
+            "(only the federated model trains); raise rounds or lower algorithm.start_round"
+        ]
+
 
 class SuPerFedMMConfig(_SuPerFedConfig):
     name: Literal["superfed_mm"] = "superfed_mm"

@@ -1,10 +1,12 @@
 """What an operator runs around Flower's own commands, where those alone do not say that something failed.
 
-- :func:`launch` (``fedmerge deploy run``): ``flwr run`` of fedmerge's app, the run's log streamed as
+- [`launch()`][fedmerge.apps.deploy.launch] (``fedmerge deploy run``): ``flwr run`` of fedmerge's app, the run's log
+  streamed as
   ``flwr log --stream`` shows it, then the run's final status from ``flwr ls``: exit status 0 only when
   the run completed, else 1 with the ServerApp's one-line reason. (Flower 1.41's ``flwr run --stream``
   exits 0 whatever becomes of the run.)
-- :func:`supervise` (``fedmerge deploy node``): ``flower-supernode`` as a child process in its own
+- [`supervise()`][fedmerge.apps.deploy.supervise] (``fedmerge deploy node``): ``flower-supernode`` as a child process
+  in its own
   process group, with an exit status a service manager can act on: a SuperNode that stops by itself is
   a failure (1, or its own non-zero status), one that was asked to stop is not (0); either way its whole
   group is ended within seconds. (Flower 1.41's SuperNode exits 0 when the SuperLink refuses it with

@@ -44,7 +44,8 @@ class DeploymentFailed(Exception):
 
 
 class _NoTraceback(logging.Filter):
-    """Flower logs a ServerApp's exception with its traceback; for a :class:`DeploymentFailed` the one
+    """Flower logs a ServerApp's exception with its traceback; for a
+    [`DeploymentFailed`][fedmerge.apps.flower.DeploymentFailed] the one
     line already printed says everything."""
 
     def filter(self, record: logging.LogRecord) -> bool:

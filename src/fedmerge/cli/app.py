@@ -90,7 +90,8 @@ SYSTEM_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES
 
 
 def system_problem(exc: BaseException) -> str | None:
-    """One line for an OSError that the user's machine caused (:data:`SYSTEM_ERRNOS`), else None."""
+    """One line for an OSError that the user's machine caused ([`SYSTEM_ERRNOS`][fedmerge.cli.app.SYSTEM_ERRNOS]), else
+    None."""
     if not isinstance(exc, OSError) or exc.errno not in SYSTEM_ERRNOS:
         return None
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):

@@ -6,6 +6,7 @@ from typing import Any
 
 import typer
 from rich.markup import escape
+from rich.padding import Padding
 from rich.table import Table
 
 from fedmerge.cli.app import (
@@ -100,10 +101,19 @@ def _print_options(kind: str, name: str | None) -> None:
         title = "top-level settings, set as KEY=VALUE (sections: fedmerge list)"
     else:
         title = f"{kind} settings, set as {kind}.KEY=VALUE"
+    rows = describe(cls)
+    widest = max((len(r.key) for r in rows), default=0)
+    if out.width < widest + 60:  # too narrow for four columns (80 columns left the description five characters)
+        out.print(escape(title), highlight=False)
+        for row in rows:
+            head = f"[bold]{escape(row.key)}[/bold]  {escape(row.type)}, default {escape(row.default)}"
+            out.print("\n" + head, highlight=False)
+            out.print(Padding(escape(row.description), (0, 0, 0, 4), expand=False), highlight=False)
+        return
     table = Table(title=escape(title), title_justify="left")
     for column in ("key", "type", "default", "description"):
         table.add_column(column, style="bold" if column == "key" else None, overflow="fold", no_wrap=column == "key")
-    for row in describe(cls):
+    for row in rows:
         table.add_row(row.key, escape(row.type), escape(row.default), escape(row.description))
     out.print(table)
 

@@ -44,27 +44,62 @@ def folder_size(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else 0
 
 
-@data_app.command("fetch", cls=lazy_help(name=name_help, dir=dir_help))
+def mirror_help() -> str:
+    from fedmerge.data.download import MIRROR_ENV
+
+    return f"a mirror tried first (repeatable): a base URL or folder holding NAME/FILE (default: ${MIRROR_ENV})"
+
+
+@data_app.command("fetch", cls=lazy_help(name=name_help, dir=dir_help, mirror=mirror_help))
 def fetch(
     name: str = typer.Argument(...),
     dir: Path | None = typer.Option(None, "--data-dir", "--dir"),  # noqa: A002
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bars"),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bars, no download messages"),
+    mirror: list[str] | None = typer.Option(None, "--mirror"),
 ) -> None:
     """Download NAME's files, verify each against its pinned checksum, keep them in the cache."""
     from fedmerge.data.catalog import CATALOG, fetch_dataset
     from fedmerge.data.errors import DataUnavailable
+
+    known_dataset(name)
+    try:
+        folder = fetch_dataset(name, dir, progressbar=not quiet, mirrors=mirror or None)
+    except DataUnavailable as exc:
+        fail(str(exc), 1)
+    entry = CATALOG.get(name)
+    typer.echo(f"{name}: {len(entry.files)} file(s) verified in {folder} ({human(folder_size(folder))})")
+
+
+def known_dataset(name: str) -> None:
+    from fedmerge.data.catalog import CATALOG
 
     if name not in CATALOG.names():  # an input error (2), unlike a failed download (1)
         from fedmerge.config.schema_docs import did_you_mean
 
         close = did_you_mean(name, CATALOG.names())
         fail(f"no downloadable dataset {name!r}{close or '; known: ' + ', '.join(CATALOG.names())}", 2)
+
+
+@data_app.command("add", cls=lazy_help(name=name_help, dir=dir_help))
+def add(
+    name: str = typer.Argument(...),
+    file: Path = typer.Argument(..., help="your copy of one of NAME's files (an institute's archive, a mirror's)"),
+    checksum: str = typer.Option(..., "--checksum", help="its SHA-256 (hex, or sha256:HEX), which FILE must match"),
+    as_: str | None = typer.Option(None, "--as", help="which of NAME's files it is (default: FILE's own name)"),
+    dir: Path | None = typer.Option(None, "--data-dir", "--dir"),  # noqa: A002
+) -> None:
+    """Register a local copy of one of NAME's files with its own checksum: it is copied into the cache and
+    every later use is checked against that checksum instead of the published one."""
+    from fedmerge.data.catalog import CATALOG, register_file
+    from fedmerge.data.errors import DataUnavailable
+
+    known_dataset(name)
     try:
-        folder = fetch_dataset(name, dir, progressbar=not quiet)
-    except DataUnavailable as exc:
-        fail(str(exc), 1)
-    entry = CATALOG.get(name)
-    typer.echo(f"{name}: {len(entry.files)} file(s) verified in {folder} ({human(folder_size(folder))})")
+        target, own = register_file(CATALOG.get(name), file, checksum, as_, dir)
+    except (DataUnavailable, ValueError) as exc:
+        fail(str(exc).splitlines()[0], 1)
+    note = "registered with its own checksum (the publisher's differs)" if own else "the published file"
+    typer.echo(f"{name}: {target.name} verified and added to {target.parent}: {note}")
 
 
 @data_app.command("list", cls=lazy_help(dir=dir_help))
@@ -78,7 +113,7 @@ def list_(
 
     root = resolve_data_dir(dir)
     typer.echo(f"data dir: {root}")
-    typer.echo(f"{'name':<14} {'status':<10} {'on disk':>9} {'download':>9}  papers; licence")
+    typer.echo(f"{'name':<18} {'status':<10} {'on disk':>9} {'download':>9}  papers; licence")
     for entry in CATALOG.entries():
         folder = entry.folder(dir)
         present = [f for f in entry.files if (folder / f.name).is_file()]
@@ -87,6 +122,6 @@ def list_(
             status = "DAMAGED"
         disk = human(folder_size(folder)) if present else "-"
         typer.echo(
-            f"{entry.name:<14} {status:<10} {disk:>9} {human(entry.download_size):>9}  {entry.papers}; {entry.licence}"
+            f"{entry.name:<18} {status:<10} {disk:>9} {human(entry.download_size):>9}  {entry.papers}; {entry.licence}"
         )
     typer.echo(f"fetch one with `fedmerge data fetch NAME` (files go to {root}/NAME)")

@@ -37,7 +37,7 @@ def _refuse_what_cannot_run(config_path: str | None, overrides: list[str]) -> No
     one line, before a ServerApp starts, when the config is readable on this machine too."""
     if config_path and not Path(config_path).expanduser().is_file():
         return  # only on the SuperLink's machine: its ServerApp refuses it there
-    from fedmerge.algorithms.privacy import settings_problem
+    from fedmerge.algorithms.privacy_settings import settings_problem
     from fedmerge.config.schema import ConfigError, load_config
 
     try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
-from fedmerge.algorithms.privacy import PrivacySettings
+from fedmerge.algorithms.privacy_settings import PrivacySettings
 from fedmerge.config.schema import (
     COMPONENT_SECTIONS,
     FlowerSettings,

@@ -31,5 +31,6 @@ class _StrictLoader(yaml.SafeLoader):
 
 
 def load(text: str) -> Any:
-    """``yaml.safe_load``, refusing a mapping that repeats a key (:class:`DuplicateKey`)."""
+    """``yaml.safe_load``, refusing a mapping that repeats a key
+    ([`DuplicateKey`][fedmerge.config.strict_yaml.DuplicateKey])."""
     return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass

@@ -66,6 +66,11 @@ class ClientRows(Sequence):
 class AlgorithmConfig(ComponentConfig, LocalTraining):
     """Base of algorithm configs: the component name plus local-training hyper-parameters."""
 
+    def warnings(self, rounds: int) -> list[str]:
+        """Valid but most likely unintended settings of this method in a run of ``rounds`` rounds, one line
+        each (printed before the run starts); a method overrides it to say what only it knows."""
+        return []
+
 
 # Validation context key (``model_validate(data, context={BUILTIN_DEFAULTS: keys})``): the algorithm keys
 # whose value is one of the command line's built-in defaults rather than a value the user wrote. A
@@ -97,7 +102,7 @@ class ClientContext:
 
 @dataclass(frozen=True)
 class PlainSGD:
-    """A client step that is :func:`~.training.local_sgd` on the algorithm's config from ``start``, with
+    """A client step that is `local_sgd()` on the algorithm's config from ``start``, with
     the loss term ``prox_mu / 2 * ||w - start||^2`` over the trainable parameters when ``prox_mu`` > 0."""
 
     start: StateDict
@@ -183,7 +188,7 @@ class Algorithm(ABC):
 
     def server_report(self, state: ServerState, rnd: int) -> dict[str, Any]:
         """Small JSON-able server-side figures logged every round (e.g. merge weights: a list, or a
-        :class:`ClientRows` whose rows are made only for the clients logged)."""
+        [`ClientRows`][fedmerge.core.algorithm.ClientRows] whose rows are made only for the clients logged)."""
         return {}
 
     # --- secure aggregation (admitted methods only) --------------------------------------------
@@ -224,7 +229,7 @@ class Algorithm(ABC):
         """Named models to evaluate for this client. ``""`` is the personalised model; methods
         with a family of models (e.g. SuPerFed's interpolation line) add entries such as
         ``"lambda=0.3"``, whose metrics are logged as ``lambda=0.3/test_acc``. A value is either
-        weights for the experiment's model or a :data:`Predictor` (called in no-grad mode; put
+        weights for the experiment's model or a `Predictor` (called in no-grad mode; put
         your own modules in eval mode)."""
         return {"": self.personalize(payload, data, state, ctx)}
 
@@ -244,7 +249,7 @@ class Algorithm(ABC):
     def onboard_variants(
         self, payload: Payload, data: ClientDataLike, ctx: ClientContext
     ) -> dict[str, StateDict | Predictor]:
-        """Named models to evaluate for a newcomer, as :meth:`personalize_variants` (``""``: :meth:`onboard`)."""
+        """Named models to evaluate for a newcomer, as `personalize_variants()` (``""``: `onboard()`)."""
         return {"": self.onboard(payload, data, ctx)}
 
     def adapted(self, epochs: int) -> Algorithm:

@@ -9,7 +9,7 @@ Both files are written to a temporary name, fsynced and renamed, so a crash (eve
 leaves either the previous or the new checkpoint, never half of one. ``latest.json`` is written
 last and carries the SHA-256 of the data file: a truncated or altered file is refused.
 
-Incremental checkpoints (client states in a :class:`StateStore`, config key ``state:``)::
+Incremental checkpoints (client states in a `StateStore`, config key ``state:``)::
 
     round-000012.safetensors   server state only; its metadata names the store ("client_store")
     clients/                   the LMDB store: each client's versions, tagged by round
@@ -18,9 +18,9 @@ Incremental checkpoints (client states in a :class:`StateStore`, config key ``st
 A client's state is written to the store when its round produces it, so a round's checkpoint adds
 only the states that changed. Saving round ``r`` fsyncs the store, writes the server file and
 ``latest.json``, deletes the round files beyond ``keep`` and prunes the store to the oldest round
-file kept (:meth:`StateStore.prune`): every kept round file can still be resumed from, and a client
+file kept (`StateStore.prune()`): every kept round file can still be resumed from, and a client
 holds at most two versions with ``checkpoint_every: 1``. Resuming from round ``c`` rewinds the store
-to ``c`` (:meth:`StateStore.rewind`): versions of rounds never checkpointed are dropped and redone.
+to ``c`` (`StateStore.rewind()`): versions of rounds never checkpointed are dropped and redone.
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ def save_checkpoint(
     keep: int = 2,
 ) -> Path:
     """Checkpoint round ``round_idx``: every client state in the file, or (``client_states`` a
-    :class:`StateStore` in ``folder/clients``) only the server state, committing the store's states."""
+    `StateStore` in ``folder/clients``) only the server state, committing the store's states."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     tensors = {f"server/{k}": v for k, v in server_state.tensors.items()}
@@ -191,7 +191,8 @@ def newest_checkpoint_file(folder: Path) -> Path | None:
 
 
 def parse_checkpoint(path: Path, data: bytes | None = None, with_clients: bool = True) -> Checkpoint:
-    """Read one checkpoint file as it is (no checksum: :func:`load_checkpoint` verifies one first)."""
+    """Read one checkpoint file as it is (no checksum: [`load_checkpoint()`][fedmerge.core.checkpoint.load_checkpoint]
+    verifies one first)."""
     path = Path(path)
     if data is None:
         if not path.is_file():

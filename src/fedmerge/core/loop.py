@@ -27,7 +27,7 @@ class Engine(Protocol):
     """Where client work runs. The engine holds client data and client states."""
 
     def fit(self, algorithm: Algorithm, rnd: int, payloads: dict[int, Payload]) -> dict[int, Update] | SummedUpdates:
-        """Each client's update; under secure aggregation, only the round's combination (:class:`SummedUpdates`)."""
+        """Each client's update; under secure aggregation, only the round's combination (`SummedUpdates`)."""
         ...
 
     def evaluate(
@@ -53,7 +53,7 @@ class Engine(Protocol):
         ...
 
     def restore(self, meta: dict[str, Any]) -> None:
-        """Take back what :meth:`checkpoint_meta` gave, when a run resumes from that checkpoint."""
+        """Take back what `checkpoint_meta()` gave, when a run resumes from that checkpoint."""
         ...
 
     def pop_failures(self) -> list[dict[str, Any]]:
@@ -61,7 +61,7 @@ class Engine(Protocol):
         ...
 
     def client_state_shapes(self) -> Mapping[int, ClientState]:
-        """The client states as a run's summary sizes them: :meth:`client_states` where this process holds
+        """The client states as a run's summary sizes them: `client_states()` where this process holds
         them; where they stay on their nodes (deployed Flower), stand-ins with their shapes and no values."""
         ...
 

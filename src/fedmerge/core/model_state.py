@@ -5,7 +5,8 @@ ends with a copy of the weights. ``nn.Module.load_state_dict`` and ``state_dict`
 tree and run per-module checks on every call: for a small model at batch 10 that costs more than the
 copies themselves (about 100 us per client for the MLP, several percent of its training).
 
-:func:`load_state` and :func:`copy_state` do the same copies through a table of the model's
+[`load_state()`][fedmerge.core.model_state.load_state] and [`copy_state()`][fedmerge.core.model_state.copy_state] do
+the same copies through a table of the model's
 tensors, built once per model. Each entry is (module, attribute), looked up at use time, so a
 parameter that is replaced rather than updated in place is still found. Values are exactly those of
 the ordinary calls (``copy_`` is what ``load_state_dict`` does). A model whose state-dict behaviour

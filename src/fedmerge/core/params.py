@@ -46,7 +46,7 @@ def flatten(state: Mapping[str, torch.Tensor], keys: Sequence[str] | None = None
 
 
 def unflatten(vector: torch.Tensor, like: Mapping[str, torch.Tensor], keys: Sequence[str] | None = None) -> StateDict:
-    """Inverse of :func:`flatten`, casting each slice back to the dtype of ``like``."""
+    """Inverse of [`flatten()`][fedmerge.core.params.flatten], casting each slice back to the dtype of ``like``."""
     keys = list(like) if keys is None else keys
     out: StateDict = {}
     offset = 0

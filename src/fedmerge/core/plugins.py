@@ -3,13 +3,15 @@
 Two ways in, both plain imports (a module registers its components when imported, like the built-in ones):
 
 - installed: a package declares its module in the entry-point group ``fedmerge.plugins``; every
-  installed one is imported before the experiment schema is built (:func:`load_installed`), and on
+  installed one is imported before the experiment schema is built
+  ([`load_installed()`][fedmerge.core.plugins.load_installed]), and on
   Flower nodes before they read a job;
 - named: a config's ``plugins: [package.module, ...]``, saved in the run's config.yaml, so a resume, a
-  sweep's or study's run processes and Flower's ClientApps import the same code (:func:`import_plugin`).
+  sweep's or study's run processes and Flower's ClientApps import the same code
+  ([`import_plugin()`][fedmerge.core.plugins.import_plugin]).
 
 Loading is idempotent: a module is imported once per process, and one that failed fails again with the
-same one-line :class:`PluginError` instead of registering its components twice.
+same one-line [`PluginError`][fedmerge.core.plugins.PluginError] instead of registering its components twice.
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ class PluginError(ValueError):
 
 
 def import_plugin(module: str, origin: str = "plugin") -> None:
-    """Import ``module`` once; a failure is a :class:`PluginError` naming ``origin``, the module and the error."""
+    """Import ``module`` once; a failure is a [`PluginError`][fedmerge.core.plugins.PluginError] naming ``origin``, the
+    module and the error."""
     if module in _failed:
         raise _failed[module]
     if module in sys.modules:

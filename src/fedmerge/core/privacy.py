@@ -1,13 +1,16 @@
 """Differential-privacy mechanisms and their accounting (docs/deployment.md, "Privacy").
 
-- :class:`PrivateGradients`: DP-SGD's step (Abadi et al. 2016) inside :func:`~.training.local_sgd`: every
+- [`PrivateGradients`][fedmerge.core.privacy.PrivateGradients]: DP-SGD's step (Abadi et al. 2016) inside `local_sgd()`:
+  every
   sample's gradient of the task loss, clipped to ``clip`` in L2 norm, summed, Gaussian noise of standard
   deviation ``noise_multiplier * clip`` added, divided by the expected batch size (Poisson batches).
-- :func:`clip_to_norm`: the server's side of user-level (central) DP.
-- :class:`Ledger`: the RDP accountant's history ``[(noise multiplier, sample rate, steps), ...]``, kept in
+- [`clip_to_norm()`][fedmerge.core.privacy.clip_to_norm]: the server's side of user-level (central) DP.
+- [`Ledger`][fedmerge.core.privacy.Ledger]: the RDP accountant's history ``[(noise multiplier, sample rate, steps),
+  ...]``, kept in
   the same merged form as Opacus's ``RDPAccountant`` so that the epsilon is Opacus's to the bit.
 
-Every noise draw and every private sample comes from a :class:`NoiseSource`: a generator keyed by a secret
+Every noise draw and every private sample comes from a [`NoiseSource`][fedmerge.core.privacy.NoiseSource]: a generator
+keyed by a secret
 that only the party adding the noise holds (a client's, kept in its own state; the server's, in the server
 state), never by the run's seed, which the server sends and ``config.yaml`` publishes. Opacus is imported
 only for accounting (``pip install -e '.[privacy]'``).
@@ -89,12 +92,12 @@ def opacus_available() -> bool:
 class PrivateGradients:
     """DP-SGD's gradient for one client's local training; counts the steps it privatised (for the ledger).
 
-    Its batches are Poisson samples (:meth:`batches`): every training sample joins a step independently with
+    Its batches are Poisson samples (`batches()`): every training sample joins a step independently with
     probability ``q = batch_size / n``, as the accountant assumes, and the noised sum of clipped per-sample
     gradients is divided by the *expected* batch size ``q n`` (a fixed number: the sensitivity to adding or
     removing one sample stays ``clip / (q n)``), not by the batch drawn.
 
-    Only the task loss's gradient is privatised: an ``extra_loss`` of :func:`~.training.local_sgd` must not
+    Only the task loss's gradient is privatised: an ``extra_loss`` of `local_sgd()` must not
     depend on the training data through the privatised parameters (a proximal term may; a second model's
     loss on the batch may, when that model is never sent), which the methods admitting DP-SGD guarantee."""
 

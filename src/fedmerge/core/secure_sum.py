@@ -13,11 +13,12 @@ what an admitted method's aggregate needs (``Algorithm.secure_aggregation_refusa
 - a *summed* tensor (SCAFFOLD's control-variate changes, which its server adds up) enters as ``t_i``.
 
 Integer tensors (BatchNorm's step counters) are divided by ``INT_SCALE`` first (their change per round is a
-count of steps, far above the clipping range) and rounded back as :func:`~.params.weighted_average` does.
+count of steps, far above the clipping range) and rounded back as `weighted_average()` does.
 
 Quantization: each value is clipped to ``[-C, C]`` and stochastically rounded to a step ``2C / Q``, so the
 recovered sum of ``m`` vectors is within ``m * 2C / Q`` of the true sum, elementwise. A value outside the
-range would be clipped silently by the protocol, so :func:`summands` refuses it instead (one line).
+range would be clipped silently by the protocol, so [`summands()`][fedmerge.core.secure_sum.summands] refuses it
+instead (one line).
 """
 
 from __future__ import annotations
@@ -94,7 +95,8 @@ def summands(
     """The client's vector for the secure sum, one float64 array per tensor of ``update`` (key order).
 
     ``sent``: the tensors the client was sent (its payload); ``weight``: its weight in the mean;
-    ``summed(key)``: the tensor is summed, not averaged. Raises :class:`SecureSumError` (one line) for a
+    ``summed(key)``: the tensor is summed, not averaged. Raises
+    [`SecureSumError`][fedmerge.core.secure_sum.SecureSumError] (one line) for a
     weight above ``max_weight`` or a value outside the clipping range."""
     if not 0 <= weight <= s.max_weight:
         raise SecureSumError(
@@ -144,7 +146,8 @@ def combine(
     summed: Callable[[str], bool],
     s: SumSettings,
 ) -> tuple[StateDict, float]:
-    """The server's side of :func:`summands`: from the sum ``total`` of the vectors of the clients
+    """The server's side of [`summands()`][fedmerge.core.secure_sum.summands]: from the sum ``total`` of the vectors of
+    the clients
     ``weights`` (their payload tensors in ``sent``), each tensor's weighted mean or sum, and the bound on
     the error of the float tensors: ``m * step * W / sum_i w_i`` for a mean, ``m * step`` for a sum."""
     cids = sorted(weights)

@@ -1,4 +1,4 @@
-"""Client states on disk: an LMDB store of versioned, checksummed :class:`ClientState` records.
+"""Client states on disk: an LMDB store of versioned, checksummed `ClientState` records.
 
 One store serves both engines: the in-process engine keeps a large population's personal states
 here instead of in RAM, and a Flower node keeps its own clients' states here on its local disk.
@@ -20,11 +20,11 @@ it. The server *commits* a round when it has aggregated it (and checkpointed it)
 Every write is one LMDB transaction, so a crash leaves each entry either old or new. A killed
 process (even ``kill -9``) loses nothing that ``put`` returned from, because committed pages are
 in the operating system's cache; with ``durable=True`` (the default) each commit is also fsynced,
-so a power loss loses nothing either. With ``durable=False`` call :meth:`flush` at the points that
+so a power loss loses nothing either. With ``durable=False`` call `flush()` at the points that
 must survive a power loss (the in-process engine does at each checkpoint).
 
 A bounded LRU cache keeps the ``cache_size`` most recently used decoded states (0: none). States
-returned by :meth:`get` may be the cached objects: treat them as read-only and ``put`` a new one.
+returned by `get()` may be the cached objects: treat them as read-only and ``put`` a new one.
 One process writes a store at a time (LMDB's lock serialises writers; readers never block), and a
 process opens a given store once (LMDB refuses a second environment on the same path in one process).
 """
@@ -295,8 +295,9 @@ class MemoryStates(dict):
 
 
 class StoredStates(Mapping):
-    """A read-only mapping view of a :class:`StateStore` (each client's newest state, on ``device``),
-    with ``put``: what an engine holds instead of a :class:`MemoryStates` dict."""
+    """A read-only mapping view of a [`StateStore`][fedmerge.core.state_store.StateStore] (each client's newest state,
+    on ``device``),
+    with ``put``: what an engine holds instead of a [`MemoryStates`][fedmerge.core.state_store.MemoryStates] dict."""
 
     def __init__(self, store: StateStore, device: Any = None) -> None:
         self.store = store

@@ -3,8 +3,8 @@
 Methods that differ only by a loss term (FedProx, Ditto, SuPerFed...) pass ``extra_loss``;
 methods that alter gradients before the step (SCAFFOLD) pass ``before_step``; methods that do
 work on the minibatch before the forward pass (pFedMe's inner solve) pass ``before_forward``;
-DP-SGD (per-sample clipping and Gaussian noise, :mod:`.privacy`) is ``private``.
-Every hook receives the :class:`Step` in progress: the model, the step's index, the minibatch
+DP-SGD (per-sample clipping and Gaussian noise, `privacy`) is ``private``.
+Every hook receives the [`Step`][fedmerge.core.training.Step] in progress: the model, the step's index, the minibatch
 (x, y) and, once computed, the forward's output. No algorithm writes its own epoch/batch loop.
 """
 
@@ -53,7 +53,7 @@ class TrainStats:
 
 @dataclass
 class Step:
-    """One step of :func:`local_sgd`, as its hooks see it."""
+    """One step of [`local_sgd()`][fedmerge.core.training.local_sgd], as its hooks see it."""
 
     model: nn.Module
     index: int  # 0-based position of the step in this local_sgd call
@@ -74,7 +74,7 @@ ModelLoss = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 def batch_slices(n: int, batch_size: int) -> list[slice]:
     """Contiguous batch slices over a permutation; a trailing batch of 1 is merged into the
     previous one (BatchNorm cannot train on a single sample). A client with one training sample
-    still has a batch of 1: see :func:`running_statistics`."""
+    still has a batch of 1: see [`running_statistics()`][fedmerge.core.training.running_statistics]."""
     bounds = list(range(0, n, batch_size)) + [n]
     if len(bounds) > 2 and bounds[-1] - bounds[-2] == 1:
         bounds.pop(-2)
@@ -82,8 +82,10 @@ def batch_slices(n: int, batch_size: int) -> list[slice]:
 
 
 def planned_steps(n: int, cfg: LocalTraining) -> int:
-    """Local steps of one call of :func:`local_sgd` on ``n`` samples: ``local_steps``, or ``local_epochs``
-    passes of :func:`batch_slices`' batches (DP-SGD's Poisson batches are as many)."""
+    """Local steps of one call of [`local_sgd()`][fedmerge.core.training.local_sgd] on ``n`` samples: ``local_steps``,
+    or ``local_epochs``
+    passes of [`batch_slices()`][fedmerge.core.training.batch_slices]' batches (DP-SGD's Poisson batches are as
+    many)."""
     if n == 0:
         return 0
     return cfg.local_steps if cfg.local_steps is not None else cfg.local_epochs * len(batch_slices(n, cfg.batch_size))
@@ -144,13 +146,14 @@ def local_sgd(
     Without it the task loss is the model's own ``task_loss(output, x, y)`` when it has one (a model
     that is not a classifier, ``causal_lm_lora``), else the mean cross-entropy.
 
-    Hooks, each called with the :class:`Step` in progress, in this order: ``before_forward`` (the
+    Hooks, each called with the [`Step`][fedmerge.core.training.Step] in progress, in this order: ``before_forward``
+    (the
     batch is drawn, nothing computed yet), ``extra_loss`` (added to the task loss; ``step.logits``
     is set), ``before_step`` (gradients are ready) and ``after_step`` (after the optimiser step,
     gradients still in place: LIVAR's path-integral importance reads the step's change there).
 
     ``private``: DP-SGD. The gradient of the task loss for the model's parameters the optimiser trains is
-    :meth:`PrivateGradients.gradients`' (per-sample clipped, noised); ``extra_loss``'s gradient is added
+    `PrivateGradients.gradients()`' (per-sample clipped, noised); ``extra_loss``'s gradient is added
     to it as it is (it must not read the training data through those parameters). Not with ``forward``,
     ``loss_fn``, ``before_forward`` or a model with its own ``task_loss``, whose per-sample gradients this
     routine cannot form.

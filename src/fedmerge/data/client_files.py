@@ -1,6 +1,6 @@
 """One self-contained file per client, so that a deployed node holds only its own data.
 
-``export_clients`` writes each client of a :class:`FederatedDataset` to ``client-NNNN.safetensors``:
+``export_clients`` writes each client of a `FederatedDataset` to ``client-NNNN.safetensors``:
 the tensors ``x_train y_train x_val y_val x_test y_test`` (and ``y_train_clean`` with label noise),
 plus string metadata (format, format version, client id, number of clients, group, dataset name,
 number of classes, class names, input shape and dtype, a digest of the data config that produced
@@ -128,7 +128,8 @@ def check_out_dir(out_dir: Path, *, force: bool) -> None:
 
 
 def prepare_out_dir(out_dir: Path, *, force: bool) -> None:
-    """:func:`check_out_dir`, then create the folder and check that it is writable."""
+    """[`check_out_dir()`][fedmerge.data.client_files.check_out_dir], then create the folder and check that it is
+    writable."""
     check_out_dir(out_dir, force=force)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -227,9 +228,9 @@ def _file_meta(path: Path, meta: dict[str, str], client_id: int) -> ClientFileMe
 
 
 def load_client_file(path: str | Path) -> tuple[ClientData, ClientFileMeta]:
-    """Read one exported client file: its tensors as a :class:`ClientData` and its metadata.
+    """Read one exported client file: its tensors as a `ClientData` and its metadata.
 
-    A missing, truncated, altered or foreign file raises :class:`ClientFileError` (one line).
+    A missing, truncated, altered or foreign file raises `ClientFileError` (one line).
     """
     path = Path(path)
     tensors, meta = _read_verified(path, FORMAT)
@@ -349,7 +350,7 @@ def load_pooled_test(path: str | Path) -> tuple[torch.Tensor, torch.Tensor, Clie
 def site_client(
     pool: Pool, cid: int, split_cfg: SplitConfig, seed: int, classes: Sequence[str] | None = None
 ) -> tuple[ClientData, list[str]]:
-    """One site's own raw data (a whole :class:`Pool` holding only its samples) split into train/val/test
+    """One site's own raw data (a whole `Pool` holding only its samples) split into train/val/test
     exactly as a simulation splits client ``cid``: the project's stratified split with the generator of
     ``(seed, cid, "split")``, so a site holding the rows a natural partition gives client ``cid`` gets the
     simulation's split. ``classes``: the federation's class names, into which the site's labels are
@@ -385,7 +386,7 @@ def site_client(
 
 def load_client_files(paths: Sequence[str | Path]) -> FederatedDataset:
     """Assemble a FederatedDataset (ordered by client id) from exported files, after
-    :func:`check_consistent`. The round trip of ``export_clients``."""
+    [`check_consistent()`][fedmerge.data.client_files.check_consistent]. The round trip of ``export_clients``."""
     loaded = [load_client_file(p) for p in paths]
     if not loaded:
         raise ClientFileError("no client files given")

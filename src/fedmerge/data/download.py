@@ -4,20 +4,29 @@ A file reaches its place in the cache only after its checksum matched (pooch dow
 temporary name beside it and moves it into place once the hash agrees). Bytes of an
 interrupted transfer wait in ``<dataset>/.partial/`` (never at the file's own name) and the next
 attempt asks the server for the rest with an HTTP ``Range`` request; a mismatch deletes them. Every
-failure is one :class:`DownloadError` line naming the URL, the file, its checksum and where to put the
+failure is one [`DownloadError`][fedmerge.data.download.DownloadError] line naming the URL, the file, its checksum and
+where to put the
 file by hand.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fedmerge.data.errors import DataUnavailable
 
+if TYPE_CHECKING:
+    from filelock import FileLock
+
 DATA_DIR_ENV = "FEDMERGE_DATA_DIR"
+MIRROR_ENV = "FEDMERGE_DATA_MIRROR"
 CHUNK = 1 << 16  # small enough that an interrupted transfer keeps nearly all it received
 
 
@@ -32,7 +41,7 @@ def default_data_dir() -> Path:
 
 
 def resolve_data_dir(data_dir: str | Path | None) -> Path:
-    """The cache root: the option when given, else :func:`default_data_dir`."""
+    """The cache root: the option when given, else [`default_data_dir()`][fedmerge.data.download.default_data_dir]."""
     return Path(data_dir).expanduser() if data_dir else default_data_dir()
 
 
@@ -123,8 +132,26 @@ def pin_file(folder: Path, remote: RemoteFile) -> Path:
     return folder / f"{remote.name}.sha256"
 
 
+def registered_file(folder: Path, remote: RemoteFile) -> Path:
+    """Where ``fedmerge data add`` records a local copy's own checksum (it replaces the published one)."""
+    return folder / f"{remote.name}.registered"
+
+
+def registered_checksum(remote: RemoteFile, folder: Path) -> str | None:
+    path = registered_file(folder, remote)
+    if not path.is_file():
+        return None
+    import json
+
+    return str(json.loads(path.read_text())["checksum"])
+
+
 def expected_checksum(remote: RemoteFile, folder: Path) -> str | None:
-    """The published checksum, else the one pinned at the first download (None before it)."""
+    """The checksum a registered local copy was added with (``fedmerge data add``), else the published one,
+    else the one pinned at the first download (None before it)."""
+    registered = registered_checksum(remote, folder)
+    if registered is not None:
+        return registered
     if remote.checksum is not None:
         return remote.checksum
     pin = pin_file(folder, remote)
@@ -135,38 +162,111 @@ def manual_hint(remote: RemoteFile, folder: Path) -> str:
     checksum = expected_checksum(remote, folder) or "no published checksum"
     return (
         f"expected {remote.name} ({checksum}); download it on a machine with access and place it "
-        f"at {folder / remote.name}"
+        f"at {folder / remote.name}, or register your own copy with `fedmerge data add {folder.name} FILE "
+        "--checksum SHA256`"
     )
 
 
-def fetch_file(remote: RemoteFile, folder: Path, progressbar: bool = True) -> Path:
+def mirrors_from_env() -> tuple[str, ...]:
+    """``$FEDMERGE_DATA_MIRROR``: mirror base URLs (or folders), separated by spaces."""
+    return tuple(os.environ.get(MIRROR_ENV, "").split())
+
+
+def mirror_urls(mirrors: Sequence[str], dataset: str, remote: RemoteFile) -> tuple[str, ...]:
+    """Where each mirror keeps the file: ``<mirror>/<dataset>/<file>``, the cache's own layout (so a copy of
+    a data folder served over HTTP, or the folder itself, is a mirror)."""
+    return tuple(f"{m.rstrip('/')}/{dataset}/{remote.name}" for m in mirrors)
+
+
+def sources(remote: RemoteFile, dataset: str, mirrors: Sequence[str] | None) -> tuple[str, ...]:
+    """Every place to try, in order: the user's mirrors (option, else ``$FEDMERGE_DATA_MIRROR``), then the
+    catalog's URLs (publisher, then its mirrors)."""
+    chosen = tuple(mirrors) if mirrors else mirrors_from_env()
+    return (*mirror_urls(chosen, dataset, remote), *remote.urls)
+
+
+@contextmanager
+def quiet_pooch(quiet: bool) -> Iterator[None]:
+    """pooch logs each download and, without a known hash, advice to pin one: silenced when quiet."""
+    if not quiet:
+        yield
+        return
+    import pooch
+
+    # a filter, not setLevel: pooch's logger is outside logging's manager, so the level cache that
+    # setLevel would leave behind is never cleared and pooch would stay silent for the whole process
+    logger = pooch.get_logger()
+    below_warning = _BelowWarning()
+    logger.addFilter(below_warning)
+    try:
+        yield
+    finally:
+        logger.removeFilter(below_warning)
+
+
+class _BelowWarning(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.WARNING
+
+
+def file_lock(folder: Path, remote: RemoteFile) -> FileLock:
+    """One lock per file (the system releases it if its holder dies): two fetches of the same file (two
+    runs with ``dataset.download=true``) take turns, and the second finds the first's verified file instead
+    of sharing its partial download."""
+    from filelock import FileLock
+
+    # beside the dataset folders (<data dir>/.locks/<dataset>/), so that the folder holds only data
+    locks = folder.parent / ".locks" / folder.name
+    locks.mkdir(parents=True, exist_ok=True)
+    return FileLock(str(locks / f"{remote.name}.lock"))
+
+
+def fetch_file(
+    remote: RemoteFile,
+    folder: Path,
+    progressbar: bool = True,
+    mirrors: Sequence[str] | None = None,
+) -> Path:
     """``folder/remote.name``, downloaded and verified unless already there and verified.
 
-    A file already present is checked against its checksum (pooch re-downloads a mismatching one).
+    A file already present is checked against its checksum (pooch re-downloads a mismatching one). Every
+    source is tried in turn (``mirrors`` first) whatever its failure, a checksum mismatch included.
     """
+    folder.mkdir(parents=True, exist_ok=True)
+    with file_lock(folder, remote), quiet_pooch(not progressbar):
+        return _fetch_locked(remote, folder, progressbar, sources(remote, folder.name, mirrors))
+
+
+def _fetch_locked(remote: RemoteFile, folder: Path, progressbar: bool, urls: tuple[str, ...]) -> Path:
     import pooch
     import requests
 
-    folder.mkdir(parents=True, exist_ok=True)
     target = folder / remote.name
     partial = folder / ".partial" / f"{remote.name}.part"
     _remove_stale_temporaries(folder)
     known = expected_checksum(remote, folder)
+    if known is not None and verify_file(remote, folder):
+        return target  # verified already (perhaps by a fetch that held the lock before us)
     failures: list[str] = []
-    for url in remote.urls:
-        downloader = ResumableDownloader(partial, progressbar=progressbar)
+    mismatches = 0
+    for url in urls:
         try:
-            pooch.retrieve(
-                url, known_hash=known, fname=remote.name, path=folder, downloader=downloader, progressbar=False
-            )
+            if "://" not in url or url.startswith("file://"):
+                _copy_local(url, folder, remote, known)
+            else:
+                downloader = ResumableDownloader(partial, progressbar=progressbar)
+                pooch.retrieve(
+                    url, known_hash=known, fname=remote.name, path=folder, downloader=downloader, progressbar=False
+                )
         except ValueError as exc:  # pooch: checksum mismatch; the bytes are gone with pooch's temporary
             partial.unlink(missing_ok=True)
             got = _hash_in(str(exc))
-            raise DownloadError(
-                f"{url}: checksum mismatch for {remote.name}"
-                f"{f' (got {got})' if got else ''}; the file was discarded (a truncated or altered file); "
-                f"{manual_hint(remote, folder)}"
-            ) from None
+            mismatches += 1
+            failures.append(
+                f"{url}: checksum mismatch for {remote.name}{f' (got {got})' if got else ''}; the file was "
+                "discarded (a truncated or altered file)"
+            )
+            continue
         except (requests.exceptions.RequestException, OSError) as exc:
             failures.append(f"{url} ({_reason(exc)})")
             continue
@@ -181,9 +281,34 @@ def fetch_file(remote: RemoteFile, folder: Path, progressbar: bool = True) -> Pa
         return target
     kept = partial.stat().st_size if partial.exists() else 0
     resume = f"; {kept:,} bytes kept, run again to resume" if kept else ""
+    if len(failures) == 1 and mismatches == 1:
+        raise DownloadError(f"{failures[0]}; {manual_hint(remote, folder)}")
     raise DownloadError(
-        f"could not download {remote.name} from {'; '.join(failures)}{resume}; {manual_hint(remote, folder)}"
+        f"could not download {remote.name} from {len(failures)} source(s): {'; '.join(failures)}{resume}; "
+        f"{manual_hint(remote, folder)}"
     )
+
+
+def _copy_local(source: str, folder: Path, remote: RemoteFile, known: str | None) -> None:
+    """A mirror that is a folder (a plain path or ``file://``): copy the file in, verified like a download."""
+    import shutil
+    import tempfile
+
+    from pooch.hashes import file_hash, hash_algorithm, hash_matches
+
+    path = Path(source.removeprefix("file://")).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(f"no such file {path}")
+    fd, tmp = tempfile.mkstemp(prefix="tmp", dir=folder)
+    os.close(fd)
+    try:
+        shutil.copyfile(path, tmp)
+        if known is not None and not hash_matches(tmp, known):
+            got = file_hash(tmp, alg=hash_algorithm(known))
+            raise ValueError(f"{path} does not match the known hash: expected {known} but got {got}.")
+        os.replace(tmp, folder / remote.name)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
 
 
 def verify_file(remote: RemoteFile, folder: Path) -> bool:

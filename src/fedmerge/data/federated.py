@@ -63,6 +63,8 @@ class FederatedDataset:
     class_names: list[str] | None = None  # from the dataset when it names its classes
     # split.unseen_clients: the last ``num_unseen`` clients never train (ids S..S+U-1); their partition indices
     unseen_origin: list[int] = field(default_factory=list)
+    # each client's name (natural partitions of data that names its clients: "PLAY: ROLE"), else None
+    client_names: list[str] | None = None
 
     @property
     def num_unseen(self) -> int:
@@ -134,7 +136,7 @@ class FederatedDataset:
         return counts
 
     def plot_summary(self, path: str | Path) -> None:
-        """Save :meth:`summary_figure` as an image (creating its folder)."""
+        """Save `summary_figure()` as an image (creating its folder)."""
         fig = self.summary_figure()
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(path, dpi=120)
@@ -221,7 +223,7 @@ def build_federated_dataset(
 
     Every random step has its own generator keyed by the seed (and client id), so changing, say, the
     noise does not change the partition or the splits. With ``split.test_per_client`` the test splits
-    come from the samples ``dataset.max_samples`` left out (:mod:`fedmerge.data.heldout`).
+    come from the samples ``dataset.max_samples`` left out ([`fedmerge.data.heldout`][fedmerge.data.heldout]).
     """
     if split_cfg.test_per_client is None:
         return federate(load_pool(dataset_cfg, seed), partition_cfg, split_cfg, noise_cfg, seed)
@@ -276,8 +278,9 @@ def federate(
     seed: int,
     heldout: Pool | None = None,
 ) -> FederatedDataset:
-    """:func:`build_federated_dataset` on an already loaded pool (and, for ``split.test_per_client``, the
-    held-out pool that :func:`~fedmerge.data.pool.load_pool_and_heldout` gives with it)."""
+    """[`build_federated_dataset()`][fedmerge.data.federated.build_federated_dataset] on an already loaded pool (and,
+    for ``split.test_per_client``, the
+    held-out pool that [`load_pool_and_heldout()`][fedmerge.data.pool.load_pool_and_heldout] gives with it)."""
     pcfg = PARTITIONERS.parse(partition_cfg) if isinstance(partition_cfg, dict) else partition_cfg
     partition = partition_for(pool, pcfg, seed)
 
@@ -342,9 +345,20 @@ def federate(
         )
         start = end
     class_names = None if pool.class_names is None else [str(c) for c in pool.class_names]
+    names = natural_names(pool, pcfg, indices)
     if unseen:  # participants first (ids 0..S-1), then the clients that never train
         clients = [replace(c, cid=i) for i, c in enumerate(seen_first(clients, unseen))]
-    return FederatedDataset(clients, pool.num_classes, tuple(pool.x.shape[1:]), pool.name, class_names, unseen)
+        names = None if names is None else seen_first(names, unseen)
+    return FederatedDataset(
+        clients, pool.num_classes, tuple(pool.x.shape[1:]), pool.name, class_names, unseen, client_names=names
+    )
+
+
+def natural_names(pool: Pool, pcfg: ComponentConfig, indices: list[np.ndarray]) -> list[str] | None:
+    """Each client's name for a natural partition of a pool that names its client ids, else None."""
+    if pcfg.name != "natural" or pool.client_names is None or pool.natural_id is None:
+        return None
+    return [str(pool.client_names[int(pool.natural_id[idx[0]])]) if len(idx) else "" for idx in indices]
 
 
 def _heldout_test_rows(

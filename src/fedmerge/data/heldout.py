@@ -10,7 +10,7 @@ six topics is tested on those six topics in the proportions the group holds them
 afterwards with the client's training images (``federate``), so a rotated group is tested rotated.
 
 Clients' test splits are disjoint: no held-out sample is tested twice, so the clients' accuracies are
-independent binomial estimates (:mod:`fedmerge.metrics.noise`).
+independent binomial estimates ([`fedmerge.metrics.noise`][fedmerge.metrics.noise]).
 """
 
 from __future__ import annotations

@@ -2,9 +2,11 @@
 
 A dataset whose inputs are expensive to make (``wordnet_features`` encodes every definition with a
 sentence encoder) would otherwise compute all of them to hand a few hundred to the test splits. Its
-held-out pool instead carries :class:`LazyRows` as ``x``: row selections (``Pool.subset``) stay lazy,
+held-out pool instead carries [`LazyRows`][fedmerge.data.lazy_rows.LazyRows] as ``x``: row selections (``Pool.subset``)
+stay lazy,
 and the inputs of the selected rows are computed when an array is asked for (``np.asarray``,
-``np.concatenate``), which :func:`fedmerge.data.federated.federate` does once, for the rows it drew.
+``np.concatenate``), which [`fedmerge.data.federated.federate()`][fedmerge.data.federated.federate] does once, for the
+rows it drew.
 """
 
 from __future__ import annotations

@@ -29,6 +29,9 @@ class Pool:
     domain: np.ndarray | None = None
     natural_id: np.ndarray | None = None
     class_names: list[str] | None = None
+    # the name of each natural client id (``client_names[natural_id]``: a writer, "PLAY: ROLE"), when the data
+    # names them; a natural partition carries them to the run's outputs
+    client_names: list[str] | None = None
     # standardize features with the statistics of the training samples (fedmerge.data.federated)
     standardize: bool = False
     # where partitions of exactly this pool are cached (fetched datasets); dropped by subset()
@@ -89,7 +92,7 @@ class DatasetConfig(ComponentConfig):
     subsamples_itself: ClassVar[bool] = False
 
     def lazy_whole(self) -> Pool | None:
-        """The whole dataset (``max_samples`` ignored) with its inputs as :class:`~fedmerge.data.lazy_rows.LazyRows`
+        """The whole dataset (``max_samples`` ignored) with its inputs as [`LazyRows`][fedmerge.data.lazy_rows.LazyRows]
         made only for the rows used, for a loader whose inputs are expensive to make; None (the default): the
         whole dataset is loaded as usual. ``load_pool_and_heldout`` takes the held-out pool from it."""
         return None
@@ -116,7 +119,8 @@ def stratified_subsample(pool: Pool, max_samples: int, seed: int = 0) -> Pool:
 
 
 def subsample_rows(pool: Pool, max_samples: int, seed: int = 0) -> np.ndarray:
-    """The rows (ascending) that :func:`stratified_subsample` keeps; every row when ``max_samples`` covers
+    """The rows (ascending) that [`stratified_subsample()`][fedmerge.data.pool.stratified_subsample] keeps; every row
+    when ``max_samples`` covers
     the pool."""
     if max_samples >= len(pool):
         return np.arange(len(pool))
@@ -133,7 +137,8 @@ def subsample_rows(pool: Pool, max_samples: int, seed: int = 0) -> np.ndarray:
 
 
 def to_float32(x: np.ndarray) -> np.ndarray:
-    """``x`` as float32; values beyond its range become +-Inf silently (:func:`require_finite` counts them)."""
+    """``x`` as float32; values beyond its range become +-Inf silently
+    ([`require_finite()`][fedmerge.data.pool.require_finite] counts them)."""
     with np.errstate(over="ignore"):
         return x.astype(np.float32)
 
@@ -186,7 +191,8 @@ def load_pool(dataset_cfg: ComponentConfig | dict, seed: int | None = None) -> P
 
 
 def load_pool_and_heldout(dataset_cfg: ComponentConfig | dict, seed: int | None = None) -> tuple[Pool, Pool]:
-    """The pool :func:`load_pool` gives, and the held-out pool: every sample of the dataset that
+    """The pool [`load_pool()`][fedmerge.data.pool.load_pool] gives, and the held-out pool: every sample of the dataset
+    that
     ``max_samples``' subsample leaves out (empty without ``max_samples``). No client is ever given a
     held-out sample, so they can serve as test data (``split.test_per_client``)."""
     cfg = dataset_config(dataset_cfg, seed)

@@ -1,7 +1,7 @@
 """Clients as index views into one pooled tensor: a population's data costs the pool plus a few
 integers per client, not one set of tensors per client.
 
-``PooledClients`` is a sequence of :class:`ClientData`: ``clients[cid]`` gathers that client's rows
+``PooledClients`` is a sequence of `ClientData`: ``clients[cid]`` gathers that client's rows
 from the pool when it is asked for (a client's work, once per round), so nothing per client is held
 but its slice of one flat index array. Several clients may index the same pool rows.
 """

@@ -1,10 +1,10 @@
 """Personal evaluation of many clients in this process, without repeated work.
 
-The per-client path (:func:`.evaluation.evaluate_client`) loads each client's weights and runs two
+The per-client path (`evaluate_client()`) loads each client's weights and runs two
 small forward passes (val, test) per client. For a global-model method every client is evaluated with
 the same weights, so that is one weight load and one forward pass per client and split where one
 pass over the concatenated splits would do; and the pooled test of the global model is the same
-pass once more. :class:`GroupedEvaluator` therefore
+pass once more. [`GroupedEvaluator`][fedmerge.engines.grouped_eval.GroupedEvaluator] therefore
 
 - evaluates the clients whose personalised model *is* their payload (the same tensor objects, shared
   by every client of a global-model method) in one pass over their concatenated val and test splits,
@@ -19,7 +19,7 @@ other kernels for 1 to 3 rows). So the rows that the per-client path predicts in
 than ``SMALL_BATCH`` (16) rows are predicted in that same batch here, and the first grouped pass of
 each split is checked against the per-client path on its largest client: on a BLAS where rows do
 depend on the batch, grouping switches itself off instead of changing a number. GPU kernels give
-no such guarantee, so :class:`~.local.LocalEngine` groups on CPU only.
+no such guarantee, so `LocalEngine` groups on CPU only.
 """
 
 from __future__ import annotations
@@ -47,6 +47,8 @@ Metrics = dict[str, float]
 Weights = dict[str, torch.Tensor]
 SMALL_BATCH = 16  # rows predicted in a batch shorter than this are predicted in that batch
 Prepare = Callable[[int], tuple[ClientContext, Payload, ClientState]]
+# (weights, x, ends) -> forward_batches's logits computed elsewhere (the engine's worker processes), or None
+Forward = Callable[[Weights, torch.Tensor, list[int]], torch.Tensor | None]
 
 
 def _split(data: ClientDataLike, split: str) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -84,10 +86,13 @@ class _Inputs:
 class GroupedEvaluator:
     """Evaluates clients' personalised models on one model object (see the module docstring)."""
 
-    def __init__(self, clients: Sequence[ClientDataLike], model: nn.Module, batch_size: int) -> None:
+    def __init__(
+        self, clients: Sequence[ClientDataLike], model: nn.Module, batch_size: int, forward: Forward | None = None
+    ) -> None:
         self.clients = clients
         self.model = model
         self.batch_size = batch_size
+        self.forward = forward  # the grouped pass's batches elsewhere, whole (the same logits), when it can
         self._inputs: tuple[tuple[int, ...], dict[str, _Inputs]] | None = None  # the last group's splits
         self._seen: dict[int, tuple[_Fingerprint, Metrics]] = {}  # per client, its last weights and metrics
         self._test_pass: tuple[_Fingerprint, _Inputs, torch.Tensor] | None = None  # the last test pass
@@ -139,7 +144,7 @@ class GroupedEvaluator:
         load_state(self.model, weights)
         out: dict[int, Metrics] = {cid: {} for cid in cids}
         for split, inputs in self._concatenated(tuple(cids)).items():
-            logits, pooled = self._predict(inputs, split)
+            logits, pooled = self._predict(inputs, split, weights)
             if split == "test" and pooled is not None:
                 self._test_pass = (_Fingerprint.of(weights), inputs, pooled)
             for cid, metrics in zip(inputs.cids, segment_metrics(logits, inputs.y, inputs.bounds)):
@@ -168,15 +173,18 @@ class GroupedEvaluator:
         self._inputs = (cids, out)
         return out
 
-    def _predict(self, inputs: _Inputs, split: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _predict(self, inputs: _Inputs, split: str, weights: Weights) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(each row's logits as the per-client path computes them, the logits as ``predict_logits``
-        computes them on the whole concatenation, or None when that would take another pass)."""
+        computes them on the whole concatenation, or None when that would take another pass). ``self.model``
+        holds ``weights``; the pass's batches may run elsewhere (``self.forward``), each batch whole."""
         n, bs = int(inputs.y.shape[0]), self.batch_size
         ends = list(range(bs, n, bs)) + [n]  # predict_logits's batches
         merged = len(ends) > 1 and ends[-1] - ends[-2] < SMALL_BATCH
         if merged:  # a short trailing batch joins the one before it (batch size is memory only)
             ends.pop(-2)
-        logits = _forward(self.model, inputs.x, ends)
+        logits = self.forward(weights, inputs.x, ends) if self.forward is not None else None
+        if logits is None:
+            logits = forward_batches(self.model, inputs.x, ends)
         pooled = None if merged else logits
         # the rows the per-client path predicts in a short batch (each client's last one, or all of
         # them when batch_size itself is short) are predicted in that batch
@@ -189,7 +197,7 @@ class GroupedEvaluator:
         if short:
             logits = logits.clone()
             for a, b in short:
-                logits[a:b] = _forward(self.model, inputs.x[a:b], [b - a])
+                logits[a:b] = forward_batches(self.model, inputs.x[a:b], [b - a])
         if split not in self._checked:
             self._checked.add(split)
             self._check(inputs, logits)
@@ -231,7 +239,8 @@ class _NotRowIndependent(Exception):
 
 
 @torch.no_grad()
-def _forward(model: nn.Module, x: torch.Tensor, ends: list[int]) -> torch.Tensor:
+def forward_batches(model: nn.Module, x: torch.Tensor, ends: list[int]) -> torch.Tensor:
+    """``model``'s logits of ``x`` in eval mode, in the batches that end at rows ``ends``."""
     if len(ends) == 1:
         return predict_logits(model, x, max(ends[0], 1))
     set_train_mode(model, False)

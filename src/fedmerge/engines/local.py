@@ -1,9 +1,9 @@
 """In-process engine: clients run one after another on one reused model object, or on one model
-object in each of ``workers`` forked worker processes (:mod:`.workers`), with the same numbers.
+object in each of ``workers`` forked worker processes (`workers`), with the same numbers.
 
 With workers, evaluation splits like this: clients whose personalised model is a payload they share
 with other clients (a global-model method's) are evaluated here in one grouped pass
-(:mod:`.grouped_eval`), which is less work than one pass per client in any number of processes;
+(`grouped_eval`), which is less work than one pass per client in any number of processes;
 clients with personalised models are evaluated in the workers."""
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from fedmerge.core.algorithm import Algorithm, ClientContext, ClientDataLike, Predictor, StateDict, for_newcomer
+from fedmerge.core.model_state import load_state
 from fedmerge.core.params import clone_state
 from fedmerge.core.seeding import derive_seed
 from fedmerge.core.state_store import MemoryStates, StoredStates
@@ -25,7 +26,7 @@ from fedmerge.core.types import ClientState, Payload, ServerState, Update
 from fedmerge.metrics import classification_metrics
 
 from .evaluation import evaluate_client, is_generative, seed_global_rng
-from .grouped_eval import GroupedEvaluator, Prepare, payload_weights
+from .grouped_eval import GroupedEvaluator, Prepare, forward_batches, payload_weights
 from .vectorized import fit_vectorized
 from .workers import WorkerPool
 
@@ -37,12 +38,13 @@ class LocalEngine:
 
     Holds the client data (already on ``device``), one model object reused by every client,
     and the ClientState store keyed by client id (a dict, or ``states``: an on-disk
-    :class:`StoredStates`). Worker processes are forked on the first call
+    `StoredStates`). Worker processes are forked on the first call
     and inherit all of it; the states stay here and travel with each task. Use the engine as a
-    context manager (or call :meth:`close`) to stop the workers.
+    context manager (or call `close()`) to stop the workers.
 
     ``min_round_seconds`` (``workers: auto``): clients are trained here, timed, until the clients of a
-    round trained here have taken that long (:func:`round_work`); the round's other clients and everything
+    round trained here have taken that long ([`round_work()`][fedmerge.engines.local.round_work]); the round's other
+    clients and everything
     after go to the workers. 0: the workers from the first round.
     """
 
@@ -75,7 +77,7 @@ class LocalEngine:
         self.vectorize = vectorize  # train the round's clients as one batched computation (vectorized.py)
         self._pool: WorkerPool | None = None
         self._pool_algorithm: Algorithm | None = None
-        self._evaluator = GroupedEvaluator(clients, self.model, eval_batch_size)
+        self._evaluator = GroupedEvaluator(clients, self.model, eval_batch_size, self._forward_in_workers)
         self._pooled: tuple[torch.Tensor, torch.Tensor] | None = None  # the pooled test, made once
 
     def __enter__(self) -> LocalEngine:
@@ -154,9 +156,55 @@ class LocalEngine:
         kept = {name: w if callable(w) else clone_state(w) for name, w in variants.items()} if keep else {}
         return evaluate_client(algorithm, payload, data, ClientState(), ctx, self.eval_batch_size, variants), kept
 
+    def _batches_one(
+        self,
+        algorithm: Algorithm,
+        rnd: int,
+        part: int,
+        payload: Payload,
+        rows: tuple[torch.Tensor, tuple[int, ...], list[int]],
+    ) -> torch.Tensor:
+        """Logits of the weights ``payload`` on the rows ``rows[0]``, laid out with the strides ``rows[1]`` (as in the
+        sending process: a convolution takes another kernel for another layout, e.g. channels-last strides,
+        which changes the last bits), in the batches that end at ``rows[2]``."""
+        x, strides, ends = rows
+        if x.stride() != strides:
+            x = torch.empty_strided(x.shape, strides, dtype=x.dtype).copy_(x)
+        load_state(self.model, payload.tensors)
+        return forward_batches(self.model, x, ends)
+
     def _run_task(self, algorithm: Algorithm, kind: str, rnd: int, cid: int, payload: Payload, state: Any) -> Any:
-        one = {"fit": self._fit_one, "evaluate": self._evaluate_one, "onboard": self._onboard_one}[kind]
+        one = {
+            "fit": self._fit_one,
+            "evaluate": self._evaluate_one,
+            "onboard": self._onboard_one,
+            "forward": self._batches_one,
+        }[kind]
         return one(algorithm, rnd, cid, payload, state)
+
+    def _forward_in_workers(
+        self, weights: dict[str, torch.Tensor], x: torch.Tensor, ends: list[int]
+    ) -> torch.Tensor | None:
+        """``forward_batches`` of the model with ``weights`` on ``x`` (batches ending at rows ``ends``), its batches
+        shared out among the worker processes once they run, or None when they do not (the caller predicts here).
+
+        Each worker predicts a run of whole batches, as this process would, with one thread as here: the logits
+        are those of this process bit for bit (a global model's evaluation pass no longer runs on one core while
+        the others wait)."""
+        if self._pool is None or not self._parallel or self.device.type != "cpu" or len(ends) < 2:
+            return None
+        parts = min(self.workers, len(ends))
+        starts = [0, *ends[:-1]]
+        cuts = [len(ends) * i // parts for i in range(parts + 1)]  # batch indices: runs of about equal rows
+        payload = Payload(weights)
+        tasks = []
+        for i in range(parts):
+            first, last = cuts[i], cuts[i + 1] - 1
+            a = starts[first]
+            part = x[a : ends[last]]  # sent contiguous: its strides travel with it
+            tasks.append(("forward", 0, i, payload, (part, part.stride(), [e - a for e in ends[first : last + 1]])))
+        out = self._pool.map(tasks)
+        return torch.cat([out[i] for i in range(parts)])
 
     @property
     def workers_used(self) -> int:
@@ -294,6 +342,9 @@ class LocalEngine:
             self._pooled = self.pooled_test()
         x, y = self._pooled
         logits = self._evaluator.pooled_test_logits(weights, x, y)
+        if logits is None and x.shape[0]:
+            n, bs = int(x.shape[0]), self.eval_batch_size
+            logits = self._forward_in_workers(weights, x, [*range(bs, n, bs), n])  # predict_logits's batches
         if logits is None:
             self.model.load_state_dict({k: v.to(self.device) for k, v in weights.items()})
             logits = predict_logits(self.model, x, self.eval_batch_size)

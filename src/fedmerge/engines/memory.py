@@ -7,7 +7,8 @@ kernel serves by zeroing it. Measured on a 2-core Xeon (MLP 784-200-10, 636 kB o
 of one-step clients at batch 32): 140-250 minor page faults per client, costing 0.1-0.45 ms of a
 client's 1.1 ms; with the two settings below there were none. A real run: docs/performance/speed.md.
 
-:func:`keep_freed_memory` fixes glibc's mmap threshold at its maximum (blocks up to 32 MiB come from
+[`keep_freed_memory()`][fedmerge.engines.memory.keep_freed_memory] fixes glibc's mmap threshold at its maximum (blocks
+up to 32 MiB come from
 the heap) and raises its trim threshold, so freed blocks stay in the process and are reused. The
 process then keeps its peak memory until it exits, as jemalloc or tcmalloc would. Worker processes
 are forked, so they inherit the settings. Other C libraries (macOS, musl) are left as they are.

@@ -84,7 +84,8 @@ def fit_vectorized(
 def _gap_losses(
     model: nn.Module, algorithm: Algorithm, data: ClientDataLike, ctx: ClientContext, start: dict, trained: dict
 ) -> dict[str, float]:
-    """The local-global gap's two losses, as :func:`~fedmerge.algorithms.base.train_received` reports them."""
+    """The local-global gap's two losses, as [`train_received()`][fedmerge.algorithms.base.train_received] reports
+    them."""
     x, y = gap_subset(data, ctx, algorithm.config.gap_samples)
     if not y.numel():
         return {"loss_received": float("nan"), "loss_trained": float("nan")}

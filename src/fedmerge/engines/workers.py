@@ -2,7 +2,8 @@
 
 Why fork: a forked worker inherits the client data, the model object and the algorithm from the
 engine at no cost (copy-on-write: nothing is pickled, reloaded or copied per round) and starts in
-milliseconds. Fork is unsafe with torch in two cases, both refused by :func:`workers_problem`: CUDA
+milliseconds. Fork is unsafe with torch in two cases, both refused by
+[`workers_problem()`][fedmerge.engines.workers.workers_problem]: CUDA
 (it cannot be re-initialised in a forked child) and OpenMP thread pools (GNU libgomp hangs in a
 forked child that opens a parallel region with more than one thread once the parent has used one).
 So every worker runs one intra-op thread, as does the parent: ``workers: N`` with ``threads: 1``.
@@ -10,7 +11,8 @@ So every worker runs one intra-op thread, as does the parent: ``workers: N`` wit
 Each client's work is self-contained (its RNGs are seeded by (seed, round, client, purpose), its
 weights come from its payload, its state travels with the task), so which worker runs which client
 does not change a bit of the result: ``workers: N`` gives exactly the numbers of ``workers: 1``.
-That is what lets ``workers: auto`` (the default) pick the count from the machine (:func:`resolve_workers`).
+That is what lets ``workers: auto`` (the default) pick the count from the machine
+([`resolve_workers()`][fedmerge.engines.workers.resolve_workers]).
 """
 
 from __future__ import annotations
@@ -120,7 +122,8 @@ def resolve_workers(
     engine: str = "local",
     vectorize: bool = False,
 ) -> WorkerCount:
-    """``workers`` as a count: a number is kept (:func:`workers_problem` refuses impossible ones); ``auto``
+    """``workers`` as a count: a number is kept ([`workers_problem()`][fedmerge.engines.workers.workers_problem]
+    refuses impossible ones); ``auto``
     is one process per available core, at most the clients per round, and 1 where forking cannot help.
     Any count gives the same numbers, so the choice is free to depend on the machine."""
     if workers != "auto":
@@ -255,7 +258,7 @@ class WorkerPool:
 
     Tasks go to whichever worker is idle, in client-id order; results come back keyed by client id.
     A client that raises stops the call with its exception, as it would in-process; a worker that
-    dies (killed, out of memory, crashed) stops it with a one-line :class:`RoundFailed`. Either
+    dies (killed, out of memory, crashed) stops it with a one-line `RoundFailed`. Either
     way the pool is closed (a later call forks a fresh one), so nothing waits forever.
     """
 

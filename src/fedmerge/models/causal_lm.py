@@ -11,10 +11,10 @@ classification"):
   role, ``PAD``, ``PROMPT`` or ``ANSWER`` (the prompt comes first, then the answer and its EOS);
   ``y`` is the example's task category (what partitioners and splits use), not a prediction target;
 * ``forward(x)`` returns next-token logits ``(N, L, V)`` (``L``: the batch's longest sequence);
-* :meth:`task_loss` is the next-token cross-entropy on the answer tokens (the mean over the batch's
+* `task_loss()` is the next-token cross-entropy on the answer tokens (the mean over the batch's
   answer tokens), which ``local_sgd`` uses instead of a classification loss;
-* evaluation asks :meth:`answer_nll` (the same loss, summed over a split), :meth:`generate_answers`
-  (greedy decoding from each prompt) and :meth:`reference_answers`, and scores ROUGE-1
+* evaluation asks `answer_nll()` (the same loss, summed over a split), `generate_answers()`
+  (greedy decoding from each prompt) and `reference_answers()`, and scores ROUGE-1
   (``fedmerge.metrics.generation``).
 """
 

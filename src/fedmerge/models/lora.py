@@ -4,7 +4,8 @@ A backbone is loaded once per process and device, LoRA layers are injected into 
 is frozen and shared by every model instance: it is *not* a registered submodule, so ``state_dict()``,
 ``parameters()`` and everything an algorithm sees (and every payload) are the adapters plus whatever
 the model adds (a classification head). Each instance owns its adapter tensors
-(:class:`LoRAAdapters`); a forward pass runs the shared module through ``torch.func.functional_call``
+([`LoRAAdapters`][fedmerge.models.lora.LoRAAdapters]); a forward pass runs the shared module through
+``torch.func.functional_call``
 with them substituted for the backbone's own (unused) LoRA weights.
 
 What builds the backbone depends on the model: a loader registered by ``kind`` (``LOADERS``) returns
@@ -120,7 +121,7 @@ def short_name(name: str) -> str:
 class LoRAAdapters(nn.Module):
     """This instance's LoRA adapter tensors (``self.lora``) for the shared backbone of ``spec``.
 
-    Subclasses call :meth:`init_adapters` first in ``__init__`` (before anything else draws from
+    Subclasses call `init_adapters()` first in ``__init__`` (before anything else draws from
     the RNG, so that an instance's adapters depend only on its seed), then add their own layers.
     """
 
@@ -156,7 +157,7 @@ class LoRAAdapters(nn.Module):
         return frozen - lora + sum(p.numel() for p in self.parameters())
 
     def adapter_weights(self, personal: Mapping[str, Tensor] | None = None) -> dict[str, Tensor]:
-        """The backbone's LoRA weights by their full names. ``personal`` (keys as :meth:`adapter_keys`)
+        """The backbone's LoRA weights by their full names. ``personal`` (keys as `adapter_keys()`)
         is a second adapter added to this one (FedLoRA): stacking the ranks, ``[B, B'] @ [A; A'] = B A + B' A'``."""
         weights = {full: self.lora[short] for short, full in self._names.items()}
         if personal is not None:

@@ -177,7 +177,7 @@ SHORT_UNSEEN_COLUMNS = ("unseen acc", "gap")
 
 
 def columns(table: SettingTable, short: bool = False) -> tuple[str, ...]:
-    """The columns of ``table``'s rows (:func:`row_cells`)."""
+    """The columns of ``table``'s rows ([`row_cells()`][fedmerge.report.compare.row_cells])."""
     base, extra = (SHORT_COLUMNS, SHORT_UNSEEN_COLUMNS) if short else (COLUMNS, UNSEEN_COLUMNS)
     return base + extra if table.has_unseen else base
 

@@ -127,7 +127,8 @@ def budget_figure(points: list[dict[str, Any]]) -> Any:
 
 
 def plot_budget(run_dirs: list[Path], out: Path) -> Path:
-    """Draw accuracy against each budget (see :func:`budget_figure`); returns ``out`` (a PNG)."""
+    """Draw accuracy against each budget (see [`budget_figure()`][fedmerge.report.plot_budget.budget_figure]); returns
+    ``out`` (a PNG)."""
     if not run_dirs:
         raise ValueError("plot_budget needs at least one run folder")
     fig = budget_figure([budget_point(d) for d in run_dirs])

@@ -31,7 +31,7 @@ def require_flower(simulation: bool) -> None:
 
 
 def flower_options(cfg: BaseModel) -> Any:
-    from fedmerge.engines.flower.engine import FlowerOptions
+    from fedmerge.engines.flower.federation import FlowerOptions
 
     fs = cfg.flower or FlowerSettings()
     return FlowerOptions(fs.min_replies, fs.max_retries, fs.round_timeout, fs.connect_timeout)
@@ -39,7 +39,7 @@ def flower_options(cfg: BaseModel) -> Any:
 
 def connect_nodes(cfg: BaseModel, grid: Any) -> Any:
     """Deployment: the handshake with the SuperNodes (their files must agree), as a one-line error."""
-    from fedmerge.engines.flower.engine import connect
+    from fedmerge.engines.flower.federation import connect
     from fedmerge.engines.flower.protocol import DEPLOYMENT
 
     return connect(grid, flower_options(cfg), DEPLOYMENT)
@@ -168,7 +168,8 @@ def open_engine(
         ) as engine:
             yield engine
         return
-    from fedmerge.engines.flower.engine import FlowerEngine, connect
+    from fedmerge.engines.flower.engine import FlowerEngine
+    from fedmerge.engines.flower.federation import connect
     from fedmerge.engines.flower.job import client_job
     from fedmerge.engines.flower.protocol import DEPLOYMENT, SIMULATION
     from fedmerge.engines.flower.simulation import SimulationOptions, simulation

@@ -47,7 +47,8 @@ class Writer:
 
 @contextmanager
 def writing_run_folder(run_dir: str | Path) -> Iterator[Path]:
-    """Hold ``run_dir``'s lock for the ``with`` block, or raise :class:`RunFolderBusy` at once (no
+    """Hold ``run_dir``'s lock for the ``with`` block, or raise
+    [`RunFolderBusy`][fedmerge.run.folder_lock.RunFolderBusy] at once (no
     waiting: two writers of one folder are a mistake to report, not a queue)."""
     folder = Path(run_dir)
     lock = FileLock(str(folder / LOCK_FILE), timeout=0, thread_local=False)

@@ -164,7 +164,8 @@ def _check_fits(run: TrainedRun, algorithm: Algorithm, federation: Any) -> None:
 def onboard_run(request: OnboardRequest, grid: Any, notify: Any = None) -> OnboardResult:
     """Onboard the newcomers' SuperNodes on ``grid`` from ``request.run_dir`` (read, never written)."""
     from fedmerge.algorithms.privacy import build_algorithm
-    from fedmerge.engines.flower.engine import FlowerEngine, connect_newcomers
+    from fedmerge.engines.flower.engine import FlowerEngine
+    from fedmerge.engines.flower.federation import connect_newcomers
     from fedmerge.engines.flower.job import client_job
     from fedmerge.engines.flower.protocol import DEPLOYMENT
     from fedmerge.models import build_model

@@ -28,7 +28,8 @@ def resolve_device(name: str) -> torch.device:
 
 def load_data(cfg: BaseModel) -> FederatedDataset:
     """The partitioned data of ``cfg``. Data that loads but is most likely not meant (a loader's flags, a
-    single class) raises a :class:`DataWarning`: :func:`data_warnings` turns it into one line."""
+    single class) raises a `DataWarning`: [`data_warnings()`][fedmerge.run.prepare.data_warnings] turns it into one
+    line."""
     try:
         data = build_federated_dataset(cfg.dataset, cfg.partition, cfg.split, cfg.noise, cfg.seed)
     except DataUnavailable:
@@ -48,7 +49,7 @@ def load_data(cfg: BaseModel) -> FederatedDataset:
 
 @contextmanager
 def data_warnings(notify: Callable[[str], None]) -> Iterator[None]:
-    """Each :class:`DataWarning` raised inside goes to ``notify`` as one ``warning:`` line; other warnings
+    """Each `DataWarning` raised inside goes to ``notify`` as one ``warning:`` line; other warnings
     are shown as they would have been."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", DataWarning)

@@ -79,10 +79,12 @@ def record_rounds(
     client_store: StateStore | None = None,
     newcomers: Newcomers | None = None,
     num_classes: int | None = None,
+    client_names: list[str] | None = None,
 ) -> RunResult:
     """``groups``: the participants' (their count is the population the schedule samples); ``newcomers``: the
     clients that never train, onboarded at every evaluation round; ``num_classes``: a classifier's class count,
-    for the summary's divergence check (None: not a classifier)."""
+    for the summary's divergence check (None: not a classifier); ``client_names``: every client's name by id
+    (natural clients of data that names them), recorded in the summary."""
     num_clients = len(groups)
     schedule = Schedule(cfg.rounds, num_clients, cfg.participation, cfg.eval_every, cfg.seed, cfg.eval_clients)
 
@@ -198,6 +200,8 @@ def record_rounds(
             info["unseen_clients"]["also_adapt_epochs"] = list(newcomers.also)
     if num_classes is not None:
         info["num_classes"] = num_classes
+    if client_names is not None:  # only data that names its clients: other summaries are unchanged
+        info["client_names"] = list(client_names)
     if hasattr(algorithm, "privacy_summary"):  # privacy: the guarantees spent (per client for DP-SGD)
         info["privacy"] = algorithm.privacy_summary(state)
     summary = build_summary(rows, info)

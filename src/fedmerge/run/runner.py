@@ -10,7 +10,8 @@ from typing import Any
 import torch
 from pydantic import BaseModel
 
-from fedmerge.algorithms.privacy import build_algorithm, clients_per_round, privacy_problem
+from fedmerge.algorithms.privacy import build_algorithm
+from fedmerge.algorithms.privacy_settings import clients_per_round, privacy_problem
 from fedmerge.config.schema import ConfigError, config_warnings, load_config
 from fedmerge.config.tuned import load_tuned_config
 from fedmerge.core.checkpoint import atomic_write_bytes
@@ -121,7 +122,7 @@ def _run_experiment(
     data: FederatedDataset | None,
     invocation: dict[str, Any] | None,
 ) -> RunResult:
-    """:func:`run_experiment`, its run folder's lock entered on ``held``."""
+    """[`run_experiment()`][fedmerge.run.runner.run_experiment], its run folder's lock entered on ``held``."""
     notify = notify or (lambda message: None)
     if cfg.engine == "flower":
         require_flower(simulation=grid is None)
@@ -275,9 +276,11 @@ def _run_experiment(
             )  # fmt: skip
             newcomers = None if data is None or not data.num_unseen else newcomers_of(cfg, data)
             classes = None if hasattr(model, "task_loss") else num_classes  # a causal LM is not a classifier
+            names = None if data is None else data.client_names  # natural clients the data names (cid order)
             return record_rounds(
-                cfg, store, algorithm, model, engine, device, groups, segment, states, newcomers, classes
-            )
+                cfg, store, algorithm, model, engine, device, groups, segment, states, newcomers, classes,
+                client_names=names,
+            )  # fmt: skip
     except (KeyboardInterrupt, OSError) as exc:  # Ctrl-C, a full disk: the caller says how to continue this run
         exc.run_dir = store.dir  # type: ignore[union-attr]
         raise

@@ -66,6 +66,9 @@ def build_summary(rows: list[dict[str, Any]], info: dict[str, Any]) -> dict[str,
         "global": last["eval"].get("global"),
         **unseen_part(last),
     }
+    names = info.get("client_names")
+    if names is not None:  # named clients (e.g. "PLAY: ROLE"): each one's last figures under its name
+        summary["last"]["by_client"] = named_clients(last["eval"]["clients"], names)
     with_val = [r for r in evals if "val_nll" in r["summary"]]
     if with_val:
         best = min(with_val, key=lambda r: (r["summary"]["val_nll"]["mean"], r["round"]))
@@ -77,6 +80,34 @@ def build_summary(rows: list[dict[str, Any]], info: dict[str, Any]) -> dict[str,
             **unseen_part(best),  # the round chosen on the participants' validation loss only
         }
     return summary
+
+
+def named_clients(per_client: dict[Any, dict[str, float]], names: list[str]) -> list[dict[str, Any]]:
+    """The evaluated clients in id order, each with its name and headline metrics."""
+    out = []
+    for cid in sorted(per_client, key=int):
+        metrics = per_client[cid]
+        shown = {k: metrics[k] for k in (*HEADLINE, "test_n") if k in metrics}
+        out.append({"cid": int(cid), "name": names[int(cid)] if int(cid) < len(names) else str(cid), **shown})
+    return out
+
+
+NAMED_ROWS = 40  # summary.md lists every named client up to this many, else the best and worst half of it
+
+
+def named_clients_markdown(rows: list[dict[str, Any]], total: int) -> list[str]:
+    key = next((k for k in ("test_acc", "test_rouge1", "test_nll") if rows and k in rows[0]), None)
+    lines = ["", f"clients ({total}, named by the data; last evaluation):", ""]
+    lines += [f"| cid | client | {key or 'metric'} | test samples |", "|---|---|---|---|"]
+    shown = rows
+    if len(rows) > NAMED_ROWS and key is not None:
+        ranked = sorted(rows, key=lambda r: (r[key], r["cid"]), reverse=not _lower_is_better(key))
+        shown = ranked[: NAMED_ROWS // 2] + ranked[-(NAMED_ROWS // 2) :]
+        lines[1] = f"clients ({total}, named by the data; last evaluation, the best and worst {NAMED_ROWS // 2}):"
+    for r in shown:
+        value = f"{r[key]:.4f}" if key is not None and key in r else "-"
+        lines.append(f"| {r['cid']} | {r['name']} | {value} | {int(r.get('test_n', 0))} |")
+    return lines
 
 
 def unseen_part(row: dict[str, Any]) -> dict[str, Any]:
@@ -102,7 +133,8 @@ DIVERGED_FACTOR = 10.0
 
 def divergence(rows: list[dict[str, Any]], num_classes: int | None) -> str | None:
     """One line when the last round's mean training loss is not finite or more than
-    :data:`DIVERGED_FACTOR` times ``ln(num_classes)``, the loss of predicting every class equally (a run
+    [`DIVERGED_FACTOR`][fedmerge.run.summary.DIVERGED_FACTOR] times ``ln(num_classes)``, the loss of predicting every
+    class equally (a run
     with too large a learning rate ends "done" at chance accuracy); None otherwise, and for models with
     their own task loss (``num_classes`` None)."""
     if not rows or not num_classes or num_classes < 2 or "train_loss" not in rows[-1]:
@@ -259,6 +291,9 @@ def summary_markdown(summary: dict[str, Any]) -> str:
             f"local-global gap (train loss received - trained): mean {gap['mean']:.4f}, "
             f"second half {gap['mean_second_half']:.4f}, last {gap['last']:.4f}",
         ]
+    named = (summary.get("last") or {}).get("by_client")
+    if named is not None:
+        lines += named_clients_markdown(named, len(summary.get("client_names") or named))
     recovery = summary.get("cluster_recovery")
     if recovery:
         lines += [

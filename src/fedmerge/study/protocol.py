@@ -105,8 +105,8 @@ def run_all(
     notify: Notify = _stderr,
 ) -> list[Outcome]:
     """Bring every (key, overrides) run to its end, ``workers`` processes at a time, each on its share of the
-    cores (:class:`~fedmerge.sweep.launch.Launcher`), or where the launch options say
-    (:mod:`fedmerge.sweep.clusters`: one Ray task or SLURM array task per run).
+    cores ([`Launcher`][fedmerge.sweep.launch.Launcher]), or where the launch options say
+    ([`fedmerge.sweep.clusters`][fedmerge.sweep.clusters]: one Ray task or SLURM array task per run).
     A failed run is recorded (RUNS/logs/KEY.log, RUNS/status.jsonl) and the others go on."""
     todo = []
     for key, overrides in jobs:
@@ -260,7 +260,8 @@ def share_runs(study: Study, runs: Path, old_study: Study, old_runs: Path) -> in
 
 def reuse_runs(study: Study, runs: Path, other: Path) -> tuple[int, int]:
     """Copy into ``runs`` what another study's run folders (``other``) already hold of this one: its
-    matching runs (:func:`copy_matching_runs`) and each central reference whose recorded settings digest
+    matching runs ([`copy_matching_runs()`][fedmerge.study.protocol.copy_matching_runs]) and each central reference
+    whose recorded settings digest
     is this study's. Returns (runs copied, references copied)."""
     copied = copy_matching_runs(study, runs, other)
     references = 0
@@ -344,6 +345,7 @@ class Conducted:
     runs: Path
     chosen: dict[str, int]
     reference: dict[int, dict[str, Any]]
+    study_path: Path | None = None  # the study file: where its claims' declarations are looked up (git)
 
 
 def regime_only(study: Study) -> Study:
@@ -396,4 +398,4 @@ def conduct(
     else:
         chosen = tune(study, folder, jobs, notify)
         run_seeds(study, folder, chosen, jobs, notify)
-    return Conducted(study, history, folder, chosen, regime(study, folder, report_only, notify))
+    return Conducted(study, history, folder, chosen, regime(study, folder, report_only, notify), study_path)

@@ -14,6 +14,7 @@ from typing import Any
 
 from fedmerge.config.schema import ConfigError
 from fedmerge.run.provenance import read_provenance
+from fedmerge.study.claims import count_text, git_root, late_declarations, mark_late, paper_claims
 from fedmerge.study.evidence import BOOTSTRAP_RESAMPLES, MIN_BOOTSTRAP_CLIENTS, judge, noise_floor
 from fedmerge.study.protocol import Conducted, extra_score, score_on_test, summary_of, val_score
 from fedmerge.study.regime import FEDAVG_GAP, LOCAL_GAP, TEST, reference_means, reference_split, regime_check
@@ -168,11 +169,45 @@ def budget_text(totals: dict[str, int], note: str | None, confirmation: bool) ->
     return text + (f" ({note})" if note else "")
 
 
+def late_claims(done: Conducted) -> dict[tuple[str, str], str]:
+    """Per comparison declared after its runs, the note with the times (``fedmerge.study.claims``): not in
+    the study file, nor in the study it confirms, at the earliest commit the runs recorded."""
+    if done.study_path is None or not done.study.claims:
+        return {}
+    root = git_root(done.study_path.resolve())
+    if root is None:
+        return {}
+    files = [os.path.relpath(done.study_path.resolve(), root)]
+    if done.study.confirms:
+        files.append(done.study.confirms.split()[0])
+    folders = [
+        f for m in done.study.methods for _, _, f in row_runs(done.study, done.runs, m.label, done.chosen[m.label])
+    ]
+    commits = sorted({seg["commit"] for f in folders for seg in read_provenance(f) if seg.get("commit")})
+    pairs = [(c.higher, c.lower) for c in done.study.claims]
+    return late_declarations(root, files, commits, pairs)
+
+
 def _claims(done: Conducted, totals: dict[str, int]) -> list[dict[str, Any]]:
+    late = late_claims(done)
     return [
-        {**judge(done.study, done.runs, done.chosen, claim), "budgets": [totals[claim.higher], totals[claim.lower]]}
+        {
+            **judge(done.study, done.runs, done.chosen, claim),
+            "budgets": [totals[claim.higher], totals[claim.lower]],
+            # only where late: a claim declared before its runs keeps its JSON as published
+            **({"declared_after": note} if (note := late.get((claim.higher, claim.lower))) else {}),
+        }
         for claim in done.study.claims
     ]
+
+
+def paper_claims_line(claims: list[dict[str, Any]]) -> str:
+    """The report's count: ``N of M paper claims reproduced`` with the failed ones and the late ones named."""
+    grouped = mark_late(
+        paper_claims(claims),
+        {(c["higher"], c["lower"]): c["declared_after"] for c in claims if c.get("declared_after")},
+    )
+    return count_text(grouped)
 
 
 def _noise_floors(done: Conducted) -> dict[str, float | None]:
@@ -338,7 +373,8 @@ def report(done: Conducted) -> str:
         split=regime_split_text(checks) if checks else ("validation", ""),
         noise_text=noise_floor_text(_noise_floors(done)),
         budget_text=budget_text(totals, note, study.confirms is not None),
-        claims=_claims(done, totals),
+        claims=(claims := _claims(done, totals)),
+        paper_claims=paper_claims_line(claims) if claims else "",
         min_clients=MIN_BOOTSTRAP_CLIENTS,
         resamples=BOOTSTRAP_RESAMPLES,
     )

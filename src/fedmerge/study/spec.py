@@ -81,7 +81,9 @@ class Claim(_Strict):
 
     higher: str = Field(min_length=1)
     lower: str = Field(min_length=1)
-    paper: str = ""  # where and how the paper states it (shown in the report)
+    # Where and how the paper states it (shown in the report). Comparisons with the same ``paper`` text are
+    # one paper claim, reproduced only if every one of them is; an empty text is a claim of its own.
+    paper: str = ""
 
 
 class RowChange(_Strict):
@@ -153,10 +155,19 @@ class _Fields(_Strict):
     @model_validator(mode="after")
     def _claims_name_rows(self) -> _Fields:
         labels = [m.label for m in self.methods]
+        owner: dict[tuple[str, str], str] = {}
         for claim in self.claims:
             for label in (claim.higher, claim.lower):
                 if label not in labels:
                     raise ValueError(f"claim {claim.higher!r} > {claim.lower!r}: no row {label!r} (the rows: {labels})")
+            # Each comparison belongs to one paper claim and is counted once (the index counts paper claims).
+            pair = (claim.higher, claim.lower)
+            if pair in owner:
+                raise ValueError(
+                    f"claim {claim.higher!r} > {claim.lower!r} is listed twice (under {owner[pair]!r} and "
+                    f"{claim.paper!r}); a comparison belongs to one paper claim"
+                )
+            owner[pair] = claim.paper
         return self
 
     @model_validator(mode="after")

@@ -2,8 +2,8 @@
 as SLURM jobs through submitit (``slurm``). The launcher only decides where; what runs (the study protocol:
 tuning, seeds, regime, report; a sweep's grid) is the same for all of them.
 
-Every launcher runs the same :class:`~fedmerge.sweep.launch.RunJob`: the ``fedmerge run`` command is made
-where and when the attempt starts (:func:`~fedmerge.sweep.launch.run_process`), so an attempt that follows a
+Every launcher runs the same [`RunJob`][fedmerge.sweep.launch.RunJob]: the ``fedmerge run`` command is made
+where and when the attempt starts ([`run_process()`][fedmerge.sweep.launch.run_process]), so an attempt that follows a
 stopped one (a lost Ray node, a preempted or timed-out SLURM job) continues the run from its last checkpoint
 (``fedmerge run --resume``) rather than starting it again. The run folders must be on a filesystem that the
 study's machine and every worker see under the same path (a shared folder): results are not copied back.
@@ -92,7 +92,8 @@ def _ray_attempt(job: RunJob, env: dict[str, str]) -> int:
 
 class RayLauncher(Launcher):
     """One Ray task per run, with ``cpus_per_run`` CPUs and ``gpus_per_run`` GPUs. A task whose node is lost
-    is retried by Ray (up to :data:`RETRIES` times) and its retry resumes the run folder."""
+    is retried by Ray (up to [`RETRIES`][fedmerge.sweep.clusters.RETRIES] times) and its retry resumes the
+    run folder."""
 
     def __init__(self, options: LaunchOptions, status_file: Path | None = None) -> None:
         super().__init__(1, status_file)
@@ -157,8 +158,9 @@ class RayLauncher(Launcher):
 
 
 class SlurmRun:
-    """The callable of one SLURM array task. On preemption or time-out submitit calls :meth:`checkpoint`,
-    which stops the run at its checkpoint and requeues a fresh attempt that continues it."""
+    """The callable of one SLURM array task. On preemption or time-out submitit calls
+    [`checkpoint()`][fedmerge.sweep.clusters.SlurmRun.checkpoint], which stops the run at its checkpoint and
+    requeues a fresh attempt that continues it."""
 
     def __init__(self, job: RunJob, env: dict[str, str]) -> None:
         self.job, self.env = job, env
@@ -190,7 +192,8 @@ class SlurmRun:
 
 
 class SlurmLauncher(Launcher):
-    """One submitit job array per call of :meth:`run` (a study phase), ``jobs`` array tasks at a time."""
+    """One submitit job array per call of [`run()`][fedmerge.sweep.clusters.SlurmLauncher.run] (a study
+    phase), ``jobs`` array tasks at a time."""
 
     def __init__(self, options: LaunchOptions, status_file: Path | None, work_dir: Path) -> None:
         super().__init__(options.jobs, status_file)

@@ -4,7 +4,8 @@ Each run is its own ``fedmerge run`` process, so its provenance holds a command 
 alone. A job names the folder of its run (``fedmerge run --out``: the run folder itself) or the folder
 in which its run folder is made (``--output-dir``); a run already started there continues from its
 checkpoint (``--resume``), a finished one is not started again. A folder made with other settings is
-named by :func:`config_difference`, for the caller to refuse before anything runs. Each attempt's output
+named by [`config_difference()`][fedmerge.sweep.launch.config_difference], for the caller to refuse before anything
+runs. Each attempt's output
 is appended to its log and its outcome to a status file (one JSON line). Every process gets its share of
 the cores, ``cores // jobs``, so that parallel runs neither oversubscribe the cores nor leave them idle: as
 ``FEDMERGE_CORES``, which a run's ``workers: auto`` uses for worker processes of one thread each (the numbers
@@ -191,12 +192,13 @@ def run_process(
     ignore_usr2: bool = False,
 ) -> int:
     """Bring ``job`` one attempt further in a ``fedmerge run`` process here, its output appended to its log;
-    its exit code. The command is made here and now (:meth:`RunJob.command`), so an attempt after one that
-    stopped continues from its checkpoint wherever it runs. ``die_with_parent``: the process is killed when
+    its exit code. The command is made here and now
+    ([`RunJob.command()`][fedmerge.sweep.launch.RunJob.command]), so an attempt after one that stopped
+    continues from its checkpoint wherever it runs. ``die_with_parent``: the process is killed when
     the one that started it dies (Linux), so that no orphan keeps writing the run folder after a lost
     cluster worker, whose retry resumes the same folder. ``ignore_usr2``: the process ignores SIGUSR2, which
     SLURM sends to a whole job before its time-out or preemption, for submitit to stop the run cleanly instead
-    (:class:`fedmerge.sweep.clusters.SlurmRun`)."""
+    ([`SlurmRun`][fedmerge.sweep.clusters.SlurmRun])."""
     cmd = job.command()
     job.log.parent.mkdir(parents=True, exist_ok=True)
     with open(job.log, "a", encoding="utf-8") as fh:

@@ -119,7 +119,7 @@ def run_command(spec: SweepSpec, point: SweepPoint, run_dir: Path) -> list[str]:
 
 class SweepRunner:
     """Runs the points of a prepared sweep, ``jobs`` at a time, and records each attempt
-    (:class:`~fedmerge.sweep.launch.Launcher`)."""
+    ([`Launcher`][fedmerge.sweep.launch.Launcher])."""
 
     def __init__(self, spec: SweepSpec, sweep_dir: Path, points: list[SweepPoint], jobs: int | LaunchOptions) -> None:
         self.spec, self.dir, self.points = spec, sweep_dir, points

@@ -8,7 +8,8 @@ data before training starts, so no metric, summary or model selection of a trial
 objective is the mean client validation accuracy at the best-validation round (or the validation
 loss, ``--metric val_nll``).
 
-The search space of a method comes from its config schema (:func:`default_space`) unless a space
+The search space of a method comes from its config schema ([`default_space()`][fedmerge.sweep.tune.default_space])
+unless a space
 file says otherwise; the result, ``TUNE_DIR/best.yaml``, is read by ``fedmerge run --tuned`` and
 ``fedmerge sweep --tuned``.
 """

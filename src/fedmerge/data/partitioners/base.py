@@ -84,7 +84,8 @@ def even_pieces(n: int, parts: int) -> np.ndarray:
 
 
 def shuffle_evenly(idx: np.ndarray, parts: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`split_evenly` without the list of arrays: the shuffled ``idx`` and each one's piece number
+    """[`split_evenly()`][fedmerge.data.partitioners.base.split_evenly] without the list of arrays: the shuffled
+    ``idx`` and each one's piece number
     (the same random draws, so the same pieces)."""
     return rng.permutation(idx), even_pieces(len(idx), parts)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from fedmerge.data.cache import ArrayCache, Arrays, PoolCacheRef, params_key
 from fedmerge.data.catalog import CATALOG, dataset_files
@@ -28,6 +28,16 @@ class FetchedConfig(DatasetConfig):
     download: bool = Field(
         False, description="download and verify the files when missing (a run never touches the network otherwise)"
     )
+    mirror: list[str] | None = Field(
+        None,
+        description="mirrors tried before the publisher's URLs: base URLs or folders holding <name>/<file> "
+        "(default: $FEDMERGE_DATA_MIRROR, space-separated); every file is still checked against its checksum",
+    )
+
+    @field_validator("mirror", mode="before")
+    @classmethod
+    def _one_or_more(cls, value: object) -> object:
+        return [value] if isinstance(value, str) else value
 
 
 def cached_arrays(
@@ -36,7 +46,7 @@ def cached_arrays(
     """The preprocessed arrays of ``name`` for ``params``: from the cache, else built from the verified
     files (checked against their checksums first) and cached. Also the pool's cache reference, keyed by
     the same parameters and the files' checksums."""
-    files = dataset_files(name, cfg.data_dir, cfg.download)
+    files = dataset_files(name, cfg.data_dir, cfg.download, cfg.mirror)
     entry = CATALOG.get(name)
     folder = entry.folder(cfg.data_dir)
     full = {"dataset": name, "files": {f.name: expected_checksum(f, folder) for f in entry.files}, **params}

@@ -239,7 +239,8 @@ def leaf_pool(
     else:
         arrays, ref = cached_arrays(name, cfg, {"records": 1}, build_raw)
     keep = sample_clients(arrays["client"], cfg, name)
-    _, natural = np.unique(arrays["client"][keep], return_inverse=True)
+    kept_ids, natural = np.unique(arrays["client"][keep], return_inverse=True)
+    names = [str(n) for n in arrays["client_names"][kept_ids]]  # LEAF's writer / PLAY_ROLE names
     sampling = {"min_samples": cfg.min_samples, "fraction": cfg.fraction, "max_clients": cfg.max_clients}
     cache = None
     if ref is not None:  # partitions of this pool: keyed by the records and the sampling
@@ -248,7 +249,7 @@ def leaf_pool(
     x = unit_float(x[:, None]) if name == "femnist" else x.astype(np.int64)
     return Pool(
         x, arrays["y"][keep].astype(np.int64), num_classes, name, natural_id=natural.astype(np.int64),
-        class_names=class_names, cache=cache,
+        class_names=class_names, client_names=names, cache=cache,
     )  # fmt: skip
 
 

@@ -169,7 +169,8 @@ def sorted_codes(values: list[str]) -> tuple[np.ndarray, list[str]]:
 
 
 def csv_labels(values: list[str], where: str) -> tuple[np.ndarray, list[str]]:
-    """The label column's classes (:func:`sorted_codes`), refused or flagged as :func:`class_labels` does."""
+    """The label column's classes ([`sorted_codes()`][fedmerge.data.sources.user_files.sorted_codes]), refused or
+    flagged as [`class_labels()`][fedmerge.data.sources.user_files.class_labels] does."""
     try:
         numbers = np.array([float(v) for v in values])
     except ValueError:

@@ -172,7 +172,7 @@ def node_data(
 ) -> tuple[ClientData, ClientFileMeta]:
     """This node's client data and its metadata (read once per process). A client file is used as it
     is (and refused if its client id differs from the node's partition-id); raw data is split here with
-    the run's ``split`` settings and ``seed`` (:func:`~fedmerge.data.client_files.site_client`)."""
+    the run's ``split`` settings and ``seed`` ([`site_client()`][fedmerge.data.client_files.site_client])."""
     path = settings.require_data().resolve()
     if settings.raw:
         meta = _raw_meta(settings, path)

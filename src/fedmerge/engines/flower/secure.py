@@ -4,8 +4,10 @@ Flower 1.41's ``SecAggPlusWorkflow`` is written for its legacy strategy workflow
 ``LegacyContext``, asks ``strategy.configure_fit`` whom to train, sends its four stages through the Grid
 and hands the unmasked aggregate to ``strategy.aggregate_fit``. Nothing in it needs that strategy to run the
 rounds, so one round of our loop runs the unchanged workflow against a one-round context: a strategy that
-names the round's nodes and keeps the aggregate it is given (:class:`_RoundStrategy`), and our own messages
-(each client's job and payload) in place of the legacy fit instructions (:class:`_RoundWorkflow`). The
+names the round's nodes and keeps the aggregate it is given
+([`_RoundStrategy`][fedmerge.engines.flower.secure._RoundStrategy]), and our own messages
+(each client's job and payload) in place of the legacy fit instructions
+([`_RoundWorkflow`][fedmerge.engines.flower.secure._RoundWorkflow]). The
 cryptography (key agreement, Shamir shares, masks, quantization) is all Flower's.
 
 On the nodes Flower's ``secaggplus_mod`` wraps our ``train``: it runs it, reads the vector our ``train``
@@ -13,7 +15,8 @@ put where a legacy fit result holds its parameters (``core/secure_sum.summands``
 every array of the reply. Each vector enters with weight 1 (``max_weight`` 1 for Flower), since our
 clients pre-multiply by their own weights; the server gets the mean of the vectors, multiplies it by
 their number and recovers each tensor's weighted mean or sum (``core/secure_sum.combine``). The server
-never holds a client's vector: what reaches :meth:`_RoundStrategy.aggregate_fit` is the unmasked sum
+never holds a client's vector: what reaches
+[`aggregate_fit()`][fedmerge.engines.flower.secure._RoundStrategy.aggregate_fit] is the unmasked sum
 and each client's metadata (sample count, losses, the layout of its vector), in the clear.
 """
 

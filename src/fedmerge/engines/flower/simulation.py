@@ -101,6 +101,9 @@ def simulation(num_supernodes: int, options: SimulationOptions) -> Iterator[Grid
     backend_config: dict[str, Any] = {
         "client_resources": {"num_cpus": options.client_cpus, "num_gpus": options.client_gpus},
         "init_args": {
+            # a private Ray instance: never a cluster already running on this machine or named by RAY_ADDRESS
+            # (ray.init would join it, and refuses num_cpus there)
+            "address": "local",
             "num_cpus": options.num_cpus or os.cpu_count() or 1,
             "include_dashboard": False,
             "log_to_driver": False,  # ClientApp errors reach the server as error replies

@@ -7,7 +7,7 @@ the same seeding (torch's global RNG per round, client and purpose) and hence th
 
 Where a client's state lives depends on the run's mode (``protocol``):
 
-- deployment: in the node's :class:`~fedmerge.core.state_store.StateStore` on its own disk, one
+- deployment: in the node's [`StateStore`][fedmerge.core.state_store.StateStore] on its own disk, one
   version per round that produced it. It never travels. Each message names ``state_round``, the last
   round whose result from this client the server received (its update, or its evaluation), and
   ``keep_round``, the same as of the server's last checkpoint. The node first drops every version
@@ -32,7 +32,8 @@ from typing import Any
 import torch
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 
-from fedmerge.algorithms.privacy import PrivacySettings, build_algorithm
+from fedmerge.algorithms.privacy import build_algorithm
+from fedmerge.algorithms.privacy_settings import PrivacySettings
 from fedmerge.core.algorithm import Algorithm, adapt_epochs
 from fedmerge.core.types import ClientState, Payload
 from fedmerge.engines.device import resolve_device
