@@ -7,7 +7,8 @@ from pathlib import Path
 
 import typer
 
-from fedmerge.cli.app import app, fail, notice, reason, user_errors
+from fedmerge.cli import launching as lo
+from fedmerge.cli.app import app, fail, notice, out, reason, user_errors
 
 
 @app.command()
@@ -23,7 +24,7 @@ def study(
         2, "--jobs", "-j", min=1, help="runs at a time, each in its own process on its share of the cores"
     ),
     report_only: bool = typer.Option(False, "--report-only", help="write the report from the runs that exist"),
-    regime_only: bool = typer.Option(
+    regime_only_flag: bool = typer.Option(
         False, "--regime-only", help="only the Local and FedAvg rows: check the regime before the table"
     ),
     reuse: list[Path] = typer.Option(
@@ -35,12 +36,28 @@ def study(
     revision: str | None = typer.Option(
         None, "--revision", help="which revision of the study (default: the latest; first: the study as first written)"
     ),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="print the runs, their resources, their count and GPU hours, and stop"
+    ),
+    status: bool = typer.Option(
+        False, "--status", help="per row: its runs done, running (where, which round) or stopped, and stop"
+    ),
+    launcher: str = lo.LAUNCHER,
+    ray_address: str | None = lo.RAY_ADDRESS,
+    cpus_per_run: float = lo.CPUS_PER_RUN,
+    gpus_per_run: float = lo.GPUS_PER_RUN,
+    slurm_partition: str | None = lo.SLURM_PARTITION,
+    slurm_time: int = lo.SLURM_TIME,
+    slurm_cluster: str | None = lo.SLURM_CLUSTER,
 ) -> None:
     """Run a reproduction study (tune every row on the tuning seed, run the chosen points on every seed,
     check the regime) and write its report; finished runs are reused, stopped ones resumed."""
-    from fedmerge.study.protocol import conduct
+    from fedmerge.study.preflight import PreflightError, check_device
+    from fedmerge.study.preflight import dry_run as dry_run_lines
+    from fedmerge.study.protocol import conduct, regime_only
     from fedmerge.study.report import report, write
     from fedmerge.study.spec import LATEST, load_study_file, resolve_path
+    from fedmerge.sweep.clusters import LaunchOptions
 
     if out_path is not None:  # found out now, not after hours of runs
         try:
@@ -53,14 +70,37 @@ def study(
             if revision is not None and revision != named:
                 fail(f"{study_file} is revision {named!r} of {path}; it takes no --revision {revision}", 2)
             notice(f"{study_file} is now revision {named!r} of {path}")
+        spec = load_study_file(path)
+        launch = LaunchOptions(
+            launcher, jobs, ray_address, cpus_per_run, gpus_per_run, slurm_partition, slurm_time, slurm_cluster
+        )
+        launch.check()
+        the_study = spec.history(named or revision or LATEST)[-1]
+        the_study = regime_only(the_study) if regime_only_flag else the_study
+        if status:
+            from fedmerge.study.spec import runs_dir
+            from fedmerge.study.status import status_lines
+
+            for line in status_lines(the_study, runs_dir(path, the_study.revision, runs)):
+                out.print(line, highlight=False, soft_wrap=True)
+            return
+        if dry_run:
+            for line in dry_run_lines(the_study, launch):
+                out.print(line, highlight=False, soft_wrap=True)
+            return
+        if not report_only:  # before any run folder exists
+            try:
+                check_device(the_study, launch)
+            except PreflightError as exc:
+                fail(f"{path}: {exc}", 2)
         done = conduct(
-            load_study_file(path),
+            spec,
             path,
             named or revision or LATEST,
             runs=runs,
-            jobs=jobs,
+            jobs=launch,
             report_only=report_only,
-            only_regime=regime_only,
+            only_regime=regime_only_flag,
             notify=notice,
             reuse=tuple(reuse),
         )

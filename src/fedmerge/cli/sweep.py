@@ -9,6 +9,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from fedmerge.cli import launching as lo
 from fedmerge.cli.app import (
     app,
     err,
@@ -38,10 +39,18 @@ def sweep(
     tuned: Path | None = typer.Option(None, "--tuned", help="apply this fedmerge tune file's values per algorithm"),
     dry_run: bool = typer.Option(False, "--dry-run", help="list the runs and stop"),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="live progress display"),
+    launcher: str = lo.LAUNCHER,
+    ray_address: str | None = lo.RAY_ADDRESS,
+    cpus_per_run: float = lo.CPUS_PER_RUN,
+    gpus_per_run: float = lo.GPUS_PER_RUN,
+    slurm_partition: str | None = lo.SLURM_PARTITION,
+    slurm_time: int = lo.SLURM_TIME,
+    slurm_cluster: str | None = lo.SLURM_CLUSTER,
 ) -> None:
     """Run a grid of runs (methods x settings x seeds) in parallel and compare them per setting."""
     from fedmerge.report.compare import RESULTS_CSV, RESULTS_MD, write_results
     from fedmerge.sweep import runner as sw
+    from fedmerge.sweep.clusters import LaunchOptions
     from fedmerge.sweep.progress import SweepProgress
     from fedmerge.sweep.spec import spec_from_args
 
@@ -53,21 +62,30 @@ def sweep(
         else:
             extra = [f"output_dir={output_dir}"] if output_dir else []
             spec = spec_from_args([*(args or []), *extra], str(tuned) if tuned else None)
+        launch = LaunchOptions(
+            launcher, jobs, ray_address, cpus_per_run, gpus_per_run, slurm_partition, slurm_time, slurm_cluster
+        )
+        launch.check()
         points = sw.expand(spec)
         out_dir = out_dir or sw.default_sweep_dir(spec, points)
         if dry_run:
             for p in points:
                 out.print(f"{p.key}: {' '.join(p.overrides)}", highlight=False, soft_wrap=True)
+            each = launch.resources(max(1, sw.cores() // jobs))
+            out.print(f"each run: {each}", highlight=False, soft_wrap=True)
             out.print(f"{len(points)} runs in {out_dir}", highlight=False, soft_wrap=True)
             return
+        check_sweep_device([p.config.device for p in points], launch)
         points = sw.prepare(spec, out_dir)
     except user_errors() as exc:
         fail(str(exc), 2)
-    runner = sw.SweepRunner(spec, out_dir, points, jobs)
+    runner = sw.SweepRunner(spec, out_dir, points, launch)
     # each run's workers: auto uses its share for worker processes (the numbers of the same run alone)
     each = f"{runner.cores_each} core(s) each, for the runs' worker processes (workers: auto)"
+    if launcher != "local":
+        each = launch.resources(runner.cores_each)
     notice(f"sweep of {len(points)} runs in {out_dir} ({jobs} at a time, {each})")
-    if jobs > sw.cores():
+    if launcher == "local" and jobs > sw.cores():
         notice(f"warning: -j {jobs} runs more processes at a time than the {sw.cores()} cores; they slow each other")
     try:
         with SweepProgress(runner, live=progress and err.is_terminal, console=err) as display:
@@ -81,6 +99,19 @@ def sweep(
     failed = sum(t.status == "failed" for t in outcomes)
     if failed:
         fail(f"{failed} of {len(outcomes)} runs failed; their errors are in the tables and in {out_dir / 'logs'}", 1)
+
+
+def check_sweep_device(devices: list[str], launch: Any) -> None:
+    """Refuse a sweep that asks for CUDA where the launcher cannot give it, before any run folder exists."""
+    from fedmerge.study.preflight import PreflightError, cuda_available
+
+    cuda = sorted(d for d in devices if d.startswith("cuda"))
+    if not cuda:
+        return
+    if launch.launcher == "local" and not cuda_available():
+        raise PreflightError(f"the runs ask for device: {cuda[0]}, and this machine has no CUDA")
+    if launch.launcher != "local" and launch.gpus_per_run <= 0:
+        raise PreflightError(f"the runs ask for device: {cuda[0]}: give each run a GPU (--gpus-per-run)")
 
 
 def _print_tables(tables: list[Any]) -> None:

@@ -43,11 +43,13 @@ from fedmerge.run.provenance import source_commit
 from fedmerge.run.results import DONE
 from fedmerge.study.regime import TEST, central_reference, reference_split
 from fedmerge.study.spec import LATEST, Study, StudyFile, run_key, run_overrides, runs_dir
-from fedmerge.sweep.launch import Launcher, Outcome, RunJob, config_difference, finished_run, started_run
+from fedmerge.sweep.clusters import LaunchOptions, make_launcher
+from fedmerge.sweep.launch import Outcome, RunJob, config_difference, finished_run, started_run
 
 Notify = Callable[[str], None]
 STATUS_FILE = "status.jsonl"  # one line per attempt, as in a sweep folder
 LOGS_DIR = "logs"  # RUNS/logs/KEY.log: what each attempt printed
+SLURM_DIR = "slurm"  # RUNS/slurm/JOBID/: submitit's files of each SLURM job (--launcher slurm)
 
 
 def _stderr(message: str) -> None:
@@ -91,11 +93,20 @@ def progress_line(i: int, n: int, t0: float, what: str) -> str:
     return f"[{i}/{n}] {what}  (eta {eta / 60:.0f} min)"
 
 
+def launch_options(workers: int | LaunchOptions) -> LaunchOptions:
+    return workers if isinstance(workers, LaunchOptions) else LaunchOptions(jobs=workers)
+
+
 def run_all(
-    jobs: list[tuple[str, list[str]]], study: Study, runs: Path, workers: int, notify: Notify = _stderr
+    jobs: list[tuple[str, list[str]]],
+    study: Study,
+    runs: Path,
+    workers: int | LaunchOptions,
+    notify: Notify = _stderr,
 ) -> list[Outcome]:
     """Bring every (key, overrides) run to its end, ``workers`` processes at a time, each on its share of the
-    cores ([`Launcher`][fedmerge.sweep.launch.Launcher]).
+    cores ([`Launcher`][fedmerge.sweep.launch.Launcher]), or where the launch options say
+    ([`fedmerge.sweep.clusters`][fedmerge.sweep.clusters]: one Ray task or SLURM array task per run).
     A failed run is recorded (RUNS/logs/KEY.log, RUNS/status.jsonl) and the others go on."""
     todo = []
     for key, overrides in jobs:
@@ -125,10 +136,11 @@ def run_all(
             notify(progress_line(i, len(todo), t0, f"{o.key}: {what}"))
         shown = len(outcomes)
 
-    return Launcher(workers, status_file=runs / STATUS_FILE).run(todo, report)
+    launcher = make_launcher(launch_options(workers), status_file=runs / STATUS_FILE, work_dir=runs / SLURM_DIR)
+    return launcher.run(todo, report)
 
 
-def tune(study: Study, runs: Path, workers: int, notify: Notify = _stderr) -> dict[str, int]:
+def tune(study: Study, runs: Path, workers: int | LaunchOptions, notify: Notify = _stderr) -> dict[str, int]:
     seed = study.tuning_seed
     jobs = [
         (run_key(m.label, i, seed), run_overrides(m, point, seed))
@@ -149,7 +161,9 @@ def choose(study: Study, runs: Path) -> dict[str, int]:
     return chosen
 
 
-def run_seeds(study: Study, runs: Path, chosen: dict[str, int], workers: int, notify: Notify = _stderr) -> None:
+def run_seeds(
+    study: Study, runs: Path, chosen: dict[str, int], workers: int | LaunchOptions, notify: Notify = _stderr
+) -> None:
     jobs = []
     for m in study.methods:
         i = chosen[m.label]
@@ -350,7 +364,7 @@ def conduct(
     study_path: Path,
     revision: str | None = LATEST,
     runs: Path | None = None,
-    jobs: int = 2,
+    jobs: int | LaunchOptions = 2,
     report_only: bool = False,
     only_regime: bool = False,
     notify: Notify = _stderr,

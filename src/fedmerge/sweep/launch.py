@@ -67,12 +67,19 @@ def config_difference(run_dir: Path, want: dict[str, Any]) -> tuple[str, Any, An
 @dataclass(frozen=True)
 class RunJob:
     """One run to bring to its end: ``args`` start it afresh (config, overrides, ``--out`` or
-    ``--output-dir``), ``where`` is that output folder, ``log`` where its attempts' output goes."""
+    ``--output-dir``), ``where`` is that output folder, ``log`` where its attempts' output goes, ``cwd`` the
+    folder its relative paths are relative to (None: the current one)."""
 
     key: str
     args: tuple[str, ...]
     where: Path
     log: Path
+    cwd: str | None = None
+
+    def anywhere(self) -> RunJob:
+        """The same job with absolute paths, for a process started in another folder (a cluster worker)."""
+        cwd = Path(self.cwd or Path.cwd()).absolute()
+        return RunJob(self.key, self.args, cwd / self.where, cwd / self.log, str(cwd))
 
     def command(self) -> list[str]:
         """A new run, or the continuation of one stopped earlier."""
@@ -100,29 +107,34 @@ class Launcher:
         self._procs: dict[str, subprocess.Popen] = {}
         self.running: set[str] = set()
 
-    def execute(self, job: RunJob) -> Outcome:
-        cmd = job.command()
+    def env(self) -> dict[str, str]:
+        """What each run process gets on top of its environment: its share of the cores."""
         share = str(self.cores_each)
-        env = {**os.environ, CORES_ENV: share, **dict.fromkeys(("OMP_NUM_THREADS", "MKL_NUM_THREADS"), share)}
-        job.log.parent.mkdir(parents=True, exist_ok=True)
+        return {CORES_ENV: share, **dict.fromkeys(("OMP_NUM_THREADS", "MKL_NUM_THREADS"), share)}
+
+    def execute(self, job: RunJob) -> Outcome:
         start = time.perf_counter()
         with self._lock:
             self.running.add(job.key)
         try:
-            with open(job.log, "a", encoding="utf-8") as fh:
-                fh.write(f"$ {' '.join(cmd)}\n")
-                fh.flush()
-                proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL)
-                with self._lock:
-                    self._procs[job.key] = proc
-                code = proc.wait()
+            code = run_process(job, self.env(), self._started)
         finally:
             with self._lock:
                 self.running.discard(job.key)
                 self._procs.pop(job.key, None)
+        return self.finish(job, code, time.perf_counter() - start)
+
+    def _started(self, job: RunJob, proc: subprocess.Popen) -> None:
+        with self._lock:
+            self._procs[job.key] = proc
+
+    def finish(self, job: RunJob, code: int, seconds: float, error: str | None = None) -> Outcome:
+        """The outcome of one attempt (read from the run folder, which the caller must see), recorded."""
         done = code == 0 and finished_run(job.where) is not None
         status = DONE if done else INTERRUPTED if code in (130, -2, -15) else FAILED
-        outcome = Outcome(job.key, status, None if done else error_line(job.log, code), time.perf_counter() - start)
+        if not done and error is None:
+            error = error_line(job.log, code) if job.log.is_file() else f"exit {code}"
+        outcome = Outcome(job.key, status, None if done else error, seconds)
         self._record(outcome, code)
         return outcome
 
@@ -137,6 +149,7 @@ class Launcher:
             "seconds": round(outcome.seconds, 3),
             "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
+        self.status_file.parent.mkdir(parents=True, exist_ok=True)
         with self._lock, open(self.status_file, "a", encoding="utf-8") as fh:
             fh.write(json.dumps(line) + "\n")
 
@@ -169,6 +182,64 @@ class Launcher:
             raise
         pool.shutdown()
         return outcomes
+
+
+def run_process(
+    job: RunJob,
+    env: dict[str, str],
+    started: Callable[[RunJob, subprocess.Popen], None] | None = None,
+    die_with_parent: bool = False,
+    ignore_usr2: bool = False,
+) -> int:
+    """Bring ``job`` one attempt further in a ``fedmerge run`` process here, its output appended to its log;
+    its exit code. The command is made here and now
+    ([`RunJob.command()`][fedmerge.sweep.launch.RunJob.command]), so an attempt after one that stopped
+    continues from its checkpoint wherever it runs. ``die_with_parent``: the process is killed when
+    the one that started it dies (Linux), so that no orphan keeps writing the run folder after a lost
+    cluster worker, whose retry resumes the same folder. ``ignore_usr2``: the process ignores SIGUSR2, which
+    SLURM sends to a whole job before its time-out or preemption, for submitit to stop the run cleanly instead
+    ([`SlurmRun`][fedmerge.sweep.clusters.SlurmRun])."""
+    cmd = job.command()
+    job.log.parent.mkdir(parents=True, exist_ok=True)
+    with open(job.log, "a", encoding="utf-8") as fh:
+        fh.write(f"$ {' '.join(cmd)}\n")
+        fh.flush()
+        proc = subprocess.Popen(
+            cmd,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **env},
+            stdin=subprocess.DEVNULL,
+            cwd=job.cwd,
+            preexec_fn=_preexec(die_with_parent and sys.platform == "linux", ignore_usr2),
+        )
+        if started is not None:
+            started(job, proc)
+        try:
+            return proc.wait()
+        except BaseException:  # interrupted here (Ctrl-C, a cancelled task): stop the run at its checkpoint
+            proc.send_signal(2)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            raise
+
+
+def _preexec(die_with_parent: bool, ignore_usr2: bool) -> Callable[[], None] | None:
+    if not (die_with_parent or ignore_usr2):
+        return None
+
+    def setup() -> None:
+        import ctypes
+        import signal
+
+        if die_with_parent:
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        if ignore_usr2:
+            signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+
+    return setup
 
 
 def error_line(log: Path, code: int) -> str:

@@ -28,7 +28,8 @@ import yaml
 from fedmerge.config.schema import ConfigError, first_config_difference, make_folder
 from fedmerge.core.checkpoint import atomic_write_bytes
 from fedmerge.run.results import CONFIG_FILE, DONE, FAILED, INCOMPLETE, METRICS_FILE, PENDING, SUMMARY_FILE, RunRecord
-from fedmerge.sweep.launch import INTERRUPTED, Launcher, Outcome, RunJob, config_difference, cores
+from fedmerge.sweep.clusters import LaunchOptions, make_launcher
+from fedmerge.sweep.launch import INTERRUPTED, Outcome, RunJob, config_difference, cores
 from fedmerge.sweep.spec import SweepPoint, SweepSpec, expand
 
 __all__ = ["INTERRUPTED", "Outcome", "SweepRunner", "cores", "prepare", "sweep_records"]
@@ -38,6 +39,7 @@ INDEX_FILE = "index.json"
 STATUS_FILE = "status.jsonl"
 RUNS_DIR = "runs"
 LOGS_DIR = "logs"
+SLURM_DIR = "slurm"  # submitit's files of each SLURM job (--launcher slurm)
 
 Notify = Callable[[str], None]
 
@@ -119,9 +121,10 @@ class SweepRunner:
     """Runs the points of a prepared sweep, ``jobs`` at a time, and records each attempt
     ([`Launcher`][fedmerge.sweep.launch.Launcher])."""
 
-    def __init__(self, spec: SweepSpec, sweep_dir: Path, points: list[SweepPoint], jobs: int) -> None:
+    def __init__(self, spec: SweepSpec, sweep_dir: Path, points: list[SweepPoint], jobs: int | LaunchOptions) -> None:
         self.spec, self.dir, self.points = spec, sweep_dir, points
-        self.launcher = Launcher(jobs, status_file=sweep_dir / STATUS_FILE)
+        options = jobs if isinstance(jobs, LaunchOptions) else LaunchOptions(jobs=jobs)
+        self.launcher = make_launcher(options, status_file=sweep_dir / STATUS_FILE, work_dir=sweep_dir / SLURM_DIR)
         self.jobs, self.cores_each = self.launcher.jobs, self.launcher.cores_each
 
     @property
