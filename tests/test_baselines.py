@@ -133,7 +133,8 @@ def test_pfedme_personal_model_differs_from_global_and_counts_outer_steps(tmp_pa
 
     monkeypatch.setattr(pfedme_module, "local_sgd", recording)  # the inner solves
     monkeypatch.setattr(base_module, "local_sgd", recording)  # the outer steps (client_sgd)
-    cfg = quick_config("algorithm.name=pfedme", "algorithm.local_steps=4", "algorithm.lr=0.05", "rounds=2")
+    # workers=1: the recording patch lives in this process (a forked worker's calls would not come back)
+    cfg = quick_config("algorithm.name=pfedme", "algorithm.local_steps=4", "algorithm.lr=0.05", "rounds=2", "workers=1")
     res = run(cfg, tmp_path / "p")
     # per client and round: 4 outer steps, each one inner solve of inner_steps (5) steps
     assert calls == ([(False, 5)] * 4 + [(True, 4)]) * (6 * 2)
