@@ -91,6 +91,23 @@ def test_data_dir_option_points_the_dataset_at_a_folder(tmp_path):
 
 
 @pytest.mark.parametrize("width", [80, 200])
+def test_dataset_option_table_with_long_defaults_reads_at_its_width(width):
+    """shakespeare_plays' default play list is 60 characters: at 80 columns the table squeezed every description to a
+    dozen characters per line although the key column alone was narrow."""
+    import subprocess
+    import sys
+
+    env = {**__import__("os").environ, "COLUMNS": str(width)}
+    cmd = [sys.executable, "-m", "fedmerge", "list", "dataset", "shakespeare_plays"]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert max(len(line) for line in lines) <= width
+    assert any("drop roles with fewer samples" in line for line in lines)
+    assert any("'hamlet', 'lear', 'macbeth'" in line for line in lines)
+
+
+@pytest.mark.parametrize("width", [80, 200])
 def test_option_tables_read_at_80_columns(width):
     """At 80 columns the four-column table left the description five characters wide; there each option is a
     heading and its description below it, every line within the width."""

@@ -78,6 +78,15 @@ def _print_registry(registry: Any) -> None:
     out.print(table)
 
 
+_MIN_DESCRIPTION = 40  # characters the description column needs to read as phrases
+
+
+def _fixed_columns_width(rows: list[Any]) -> int:
+    """Width of the key, type and default columns at their longest entries, with rich's borders and padding."""
+    widest = [max((len(getattr(r, field)) for r in rows), default=0) for field in ("key", "type", "default")]
+    return sum(widest) + 13  # 5 vertical borders + 2 padding spaces in each of 4 columns
+
+
 def _print_options(kind: str, name: str | None) -> None:
     from fedmerge.config import catalog
     from fedmerge.config.schema_docs import describe
@@ -96,14 +105,13 @@ def _print_options(kind: str, name: str | None) -> None:
             f"set a key as {kind}.KEY=VALUE"
         )
         if kind == "dataset" and (fetched := fetched_text(registered)):
-            out.print(fetched, highlight=False, soft_wrap=True)
+            out.print(escape(fetched), highlight=False)
     elif kind == "run":
         title = "top-level settings, set as KEY=VALUE (sections: fedmerge list)"
     else:
         title = f"{kind} settings, set as {kind}.KEY=VALUE"
     rows = describe(cls)
-    widest = max((len(r.key) for r in rows), default=0)
-    if out.width < widest + 60:  # too narrow for four columns (80 columns left the description five characters)
+    if out.width - _fixed_columns_width(rows) < _MIN_DESCRIPTION:  # a squeezed description column reads as noise
         out.print(escape(title), highlight=False)
         for row in rows:
             head = f"[bold]{escape(row.key)}[/bold]  {escape(row.type)}, default {escape(row.default)}"
