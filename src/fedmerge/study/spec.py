@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import os
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -318,9 +319,29 @@ def resolve_path(path: Path) -> tuple[Path, str | None]:
     return path, None
 
 
+def base_path(study_path: Path, base: str) -> str:
+    """Where a study's ``base:`` is: relative to the study file's folder or the first folder above it that
+    holds it (``studies/paper/X.yaml``'s ``configs/paper/Y.yaml`` is the repository's, and the packaged
+    copy's next to it), so that a study runs from any working folder. A base found nowhere there is read
+    from the working folder, as before. Returned relative to the working folder when it lies inside it
+    (the path studies always recorded), else absolute."""
+    given = Path(base).expanduser()
+    if given.is_absolute():
+        return str(given)
+    start = study_path.absolute().parent
+    found = next((d / given for d in (start, *start.parents) if (d / given).is_file()), None)
+    if found is None:
+        return base  # found nowhere near the study: the working folder's (check() names it if missing)
+    relative = os.path.relpath(found)
+    return str(found) if relative.startswith("..") else relative
+
+
 def load_study_file(path: Path) -> StudyFile:
-    """The study file, validated: known keys only, equal budgets and valid configs in every revision."""
+    """The study file, validated: known keys only, equal budgets and valid configs in every revision.
+    Its ``base:`` is resolved against the study file's folder (``base_path()``)."""
     data = read_yaml(path, "study file")
+    if isinstance(data, dict) and isinstance(data.get("base"), str):
+        data = {**data, "base": base_path(path, data["base"])}
     try:
         spec = StudyFile.model_validate(data)
     except ValidationError as exc:
@@ -360,7 +381,7 @@ def check(study: Study) -> None:
     try:
         base = merge(DEFAULT_CONFIG, read_yaml(Path(study.base)))  # as load_config(study.base, ...), read once
     except ConfigError as exc:
-        raise ConfigError(f"base: {exc} (a path relative to the working folder)") from None
+        raise ConfigError(f"base: {exc} (a path relative to the study file's folder or one above it)") from None
     for m in study.methods:
         for point in m.points():
             try:
