@@ -13,7 +13,9 @@ ONE_RUN = re.compile(
     r"one run: ([\d,]+) rounds x ([\d,]+) training samples .*?/ batch (\d+), .*?: ([\d.]+) ([MG])FLOP"
     r"(?:/token x ~([\d,]+) padded tokens)?"
 )
-ASSUMED = re.compile(r"assumed: a training step takes (?:at least ([\d.]+) ms .*? or )?(\d+)x its forward FLOPs at (\d+) TFLOP/s")
+ASSUMED = re.compile(
+    r"assumed: a training step takes (?:at least ([\d.]+) ms .*? or )?(\d+)x its forward FLOPs at (\d+) TFLOP/s"
+)
 
 
 def block(text: str) -> list[str]:

@@ -37,7 +37,8 @@ def rows(folder: Path | None = None) -> list[dict[str, str]]:
             raise ValueError(f"{path}: its title names no 'PAPER Table N' or its description states no cost")
         downloads = study["description"].split("Downloads:", 1)[1].strip().rstrip(".")
         out.append({"paper": title.group(1), "setting": title.group(2), "file": path.name, "name": path.stem,
-                    "hours": hours.group(1), "new": hours.group(2) or hours.group(1), "downloads": downloads})  # fmt: skip
+                    "hours": hours.group(1), "new": hours.group(2) or hours.group(1),
+                    "downloads": downloads})  # fmt: skip
     table_number = lambda r: int(r["paper"].split()[-1])  # noqa: E731
     return sorted(out, key=lambda r: (PAPERS.index(r["paper"].split()[0]), table_number(r), r["file"]))
 
@@ -56,7 +57,8 @@ def hours_text(row: dict[str, str]) -> str:
 
 
 def table(items: list[dict[str, str]]) -> str:
-    lines = ["| paper, table | setting | study (`fedmerge study NAME`) | GPU hours | downloads |", "|---|---|---|---|---|"]
+    head = "| paper, table | setting | study (`fedmerge study NAME`) | GPU hours | downloads |"
+    lines = [head, "|---|---|---|---|---|"]
     for r in items:
         lines.append(f"| {r['paper']} | {r['setting']} | `{r['name']}` | {hours_text(r)} | {r['downloads']} |")
     by_paper = totals(items)

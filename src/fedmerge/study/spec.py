@@ -18,6 +18,7 @@
       overrides: [algorithm.name=fedavg]
       grid: {algorithm.lr: [0.05, 0.1]}          # a product of values
       extra_points: [{algorithm.lr: 0.3}]        # explicit points after it
+      paper: {acc: 53.36, top5: 83.27}           # the paper's published values (percent): the report's comparison
     revisions:                  # later versions of the study, each applied on top of the one before
     - name: wide
       title: ... (grids widened)
@@ -64,6 +65,10 @@ class Row(_Strict):
     overrides: list[str] = []
     grid: dict[str, list[Any]] = {}
     extra_points: list[dict[str, Any]] = []
+    # The paper's published value of the table's metric (its name: acc, top5, rouge1) and of extra columns
+    # (``test_ece`` or ``ece``), in the paper's units (percent for accuracies), for the report's comparison.
+    # Not part of the run's identity: adding or correcting it reruns and renames nothing.
+    paper: dict[str, float] = {}
 
     def points(self) -> list[dict[str, Any]]:
         """The row's tuning points: the product of its ``grid``, then its ``extra_points`` in order.
@@ -94,6 +99,7 @@ class RowChange(_Strict):
     overrides: list[str] | None = None
     grid: dict[str, list[Any]] | None = None
     extra_points: list[dict[str, Any]] | None = None
+    paper: dict[str, float] | None = None
 
 
 class Regime(_Strict):
@@ -169,6 +175,17 @@ class _Fields(_Strict):
                     f"{claim.paper!r}); a comparison belongs to one paper claim"
                 )
             owner[pair] = claim.paper
+        return self
+
+    @model_validator(mode="after")
+    def _paper_names_columns(self) -> _Fields:
+        known = [self.metric.name, *(c.removeprefix("test_") for c in self.columns)]
+        for m in self.methods:
+            for key in m.paper:
+                if key.removeprefix("test_") not in known:
+                    raise ValueError(
+                        f"row {m.label!r}: paper value {key!r} is neither the metric nor a column (one of: {known})"
+                    )
         return self
 
     @model_validator(mode="after")
