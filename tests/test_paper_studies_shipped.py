@@ -49,9 +49,10 @@ def test_every_paper_study_ships_and_is_found_by_name_from_an_empty_folder(tmp_p
     assert find_study(Path("fedmerge_t2_cluster.yaml"))[0] == path
     study = load_study_file(path).at()
     # the base is the one next to the packaged study, not configs/paper/ under the (empty) working folder
-    assert Path(study.base).is_absolute() and Path(study.base).read_text() == (
-        ROOT / "configs" / "paper" / "fedmerge_cifar100_cluster.yaml"
-    ).read_text()
+    assert (
+        Path(study.base).is_absolute()
+        and Path(study.base).read_text() == (ROOT / "configs" / "paper" / "fedmerge_cifar100_cluster.yaml").read_text()
+    )
     assert list(tmp_path.iterdir()) == []
 
 
@@ -63,8 +64,15 @@ def test_the_wheel_holds_every_paper_study_and_base_config(tmp_path):
     import sys
     import zipfile
 
+    tree = tmp_path / "tree"  # a copy: an in-tree build leaves build/ and *.egg-info behind
+    tree.mkdir()
+    for part in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy(ROOT / part, tree / part)
+    for part in ("src", "studies/paper", "configs/paper"):
+        ignore = shutil.ignore_patterns("__pycache__", "*.egg-info")
+        shutil.copytree(ROOT / part, tree / part, symlinks=True, ignore=ignore)  # the package's links stay links
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "--no-build-isolation", "-q"]
+        [sys.executable, "-m", "pip", "wheel", str(tree), "--no-deps", "--no-build-isolation", "-q"]
         + ["-w", str(tmp_path)],
         check=True,
         capture_output=True,
