@@ -80,7 +80,7 @@ def test_there_is_a_study_for_every_headline_table():
 def test_every_grid_point_of_every_row_is_a_valid_config(path: Path):
     study = load_study(path)
     assert set(study) <= {"title", "description", "base", "seeds", "tune_seed", "metric", "select", "columns",
-                          "regime", "methods"}  # fmt: skip
+                          "regime", "methods", "claims"}  # fmt: skip
     assert study["base"].startswith("configs/paper/") and (ROOT / study["base"]).is_file()
     # the description states the cost and the downloads; the comment above shows the arithmetic
     hours = re.search(r"about ([\d,.]+) GPU hours on one H100", study["description"])
@@ -443,12 +443,13 @@ def test_table_5s_regime_reference_runs_from_its_study_file_on_the_stand_in(name
 
 
 def test_the_docs_list_every_study_with_the_hours_and_downloads_its_file_states():
-    """docs/paper_studies.md's table is the one generated from the study files (``scripts/paper_studies_table.py
-    --write`` after a change), a row per file, with the hours and downloads its description states."""
-    spec = importlib.util.spec_from_file_location("paper_studies_table", ROOT / "scripts" / "paper_studies_table.py")
-    gen = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gen)
-    assert gen.current((ROOT / "docs" / "paper_studies.md").read_text()) == gen.section()
+    """docs/paper_studies.md's and docs/howto/paper-table.md's tables are the one generated from the study files
+    (``python -m fedmerge.study.paper_table --write`` after a change), a row per file, with the hours and downloads
+    its description states."""
+    from fedmerge.study import paper_table as gen
+
+    for doc in ("docs/paper_studies.md", "docs/howto/paper-table.md"):
+        assert gen.current((ROOT / doc).read_text()) == gen.section(), doc
     rows = gen.rows()
     assert sorted(r["file"] for r in rows) == sorted(p.name for p in STUDY_FILES)
     for r in rows:
@@ -459,5 +460,8 @@ def test_the_docs_list_every_study_with_the_hours_and_downloads_its_file_states(
     t3 = next(r for r in rows if r["file"] == "fedmerge_t3_cluster.yaml")
     assert (t3["hours"], t3["new"]) == ("423", "394")
     assert "| FedMerge Table 3 | Cluster Non-IID" in gen.section() and "423 (394 new)" in gen.section()
+    # the totals are the files' own: XNLI 33 h (not 27), about 2,625 h in all (not 2,600)
+    assert next(r for r in rows if r["name"] == "fedmerge_t5_xnli")["hours"] == "33"
+    assert sum(gen.number(r["new"]) for r in rows) == pytest.approx(2625, abs=1)
     readme = (ROOT / "README.md").read_text()
     assert "docs/paper_studies.md" in readme and "| `fedmerge_t5_xnli" not in readme  # one table, in the docs

@@ -16,7 +16,9 @@ from fedmerge.cli.app import (
 )
 
 KIND_ARG = typer.Argument(
-    None, help="algorithm, dataset, partition, model, or a section: run, split, noise, flower, log, state"
+    None,
+    help="algorithm, dataset, partition, model, study (the packaged paper studies), or a section: run, split, "
+    "noise, flower, log, state",
 )
 
 
@@ -34,6 +36,9 @@ def list_components(kind: str | None = KIND_ARG, name: str | None = NAME_ARG) ->
     except ConfigError as exc:
         fail(str(exc), 2)
 
+    if kind == "study":
+        _print_studies()
+        return
     if kind is None:
         for registry in catalog.REGISTRIES.values():
             _print_registry(registry)
@@ -67,6 +72,23 @@ def list_components(kind: str | None = KIND_ARG, name: str | None = NAME_ARG) ->
 def show_component(kind: str = typer.Argument(..., help=KIND_ARG.help), name: str | None = NAME_ARG) -> None:
     """Every option of a component or section, with type, default and description (as list KIND NAME)."""
     list_components(kind, name)
+
+
+def _print_studies() -> None:
+    """The packaged paper studies: name, paper table, setting, GPU hours and downloads."""
+    from fedmerge.study.paper_table import hours_text, rows, totals
+
+    items = rows()
+    table = Table(title="packaged studies (fedmerge study NAME; --dry-run: their runs and cost)", title_justify="left")
+    for column in ("name", "paper, table", "setting", "GPU hours (one H100)", "downloads"):
+        table.add_column(column, style="bold" if column == "name" else None, overflow="fold", no_wrap=column == "name")
+    for r in items:
+        table.add_row(r["name"], r["paper"], escape(r["setting"]), hours_text(r), escape(r["downloads"]))
+    out.print(table)
+    by_paper = totals(items)
+    each = ", ".join(f"{p} {v:,.0f}" for p, v in by_paper.items())
+    out.print(f"together about {sum(by_paper.values()):,.0f} GPU hours once shared runs are reused ({each})",
+              highlight=False, soft_wrap=True)  # fmt: skip
 
 
 def _print_registry(registry: Any) -> None:

@@ -13,7 +13,9 @@ from fedmerge.cli.app import app, fail, notice, out, reason, user_errors
 
 @app.command()
 def study(
-    study_file: Path = typer.Argument(..., metavar="STUDY.yaml", help="the study file (studies/*.yaml)"),
+    study_file: Path = typer.Argument(
+        ..., metavar="STUDY", help="a study file (studies/*.yaml), or a packaged study's name (fedmerge list study)"
+    ),
     runs: Path | None = typer.Option(
         None, "--runs", help="run folders (default runs/repro/STUDY_NAME; a revision's: the same name + _REVISION)"
     ),
@@ -52,11 +54,12 @@ def study(
 ) -> None:
     """Run a reproduction study (tune every row on the tuning seed, run the chosen points on every seed,
     check the regime) and write its report; finished runs are reused, stopped ones resumed."""
-    from fedmerge.study.preflight import PreflightError, check_device
+    from fedmerge.study.packaged import find_study
+    from fedmerge.study.preflight import PreflightError, preflight
     from fedmerge.study.preflight import dry_run as dry_run_lines
     from fedmerge.study.protocol import conduct, regime_only
     from fedmerge.study.report import report, write
-    from fedmerge.study.spec import LATEST, load_study_file, resolve_path
+    from fedmerge.study.spec import LATEST, load_study_file, runs_dir
     from fedmerge.sweep.clusters import LaunchOptions
 
     if out_path is not None:  # found out now, not after hours of runs
@@ -65,7 +68,7 @@ def study(
         except OSError as exc:
             fail(f"--out: cannot create the folder of {out_path} ({reason(exc)})", 2)
     try:
-        path, named = resolve_path(study_file)
+        path, named = find_study(study_file)
         if named is not None:
             if revision is not None and revision != named:
                 fail(f"{study_file} is revision {named!r} of {path}; it takes no --revision {revision}", 2)
@@ -78,21 +81,20 @@ def study(
         the_study = spec.history(named or revision or LATEST)[-1]
         the_study = regime_only(the_study) if regime_only_flag else the_study
         if status:
-            from fedmerge.study.spec import runs_dir
             from fedmerge.study.status import status_lines
 
             for line in status_lines(the_study, runs_dir(path, the_study.revision, runs)):
                 out.print(line, highlight=False, soft_wrap=True)
             return
         if dry_run:
-            for line in dry_run_lines(the_study, launch):
+            for line in dry_run_lines(the_study, launch, path):
                 out.print(line, highlight=False, soft_wrap=True)
             return
         if not report_only:  # before any run folder exists
             try:
-                check_device(the_study, launch)
+                preflight(the_study, launch, runs_dir(path, the_study.revision, runs))
             except PreflightError as exc:
-                fail(f"{path}: {exc}", 2)
+                fail(f"{path.name}: {exc}", 2)
         done = conduct(
             spec,
             path,

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from fedmerge.config.schema import ConfigError
+from fedmerge.metrics.intervals import paired_t_interval
 from fedmerge.run.provenance import read_provenance
 from fedmerge.study.claims import count_text, git_root, late_declarations, mark_late, paper_claims
 from fedmerge.study.evidence import BOOTSTRAP_RESAMPLES, MIN_BOOTSTRAP_CLIENTS, judge, noise_floor
@@ -261,7 +262,40 @@ def results_json(done: Conducted) -> dict[str, Any]:
         "explored_on": study.explored_on,
         "confirms": study.confirms,
         "claims": _claims(done, totals),
+        # only where the study file gives the paper's values: older reports keep their JSON as published
+        **({"paper": paper} if (paper := paper_comparison(done)) else {}),
     }
+
+
+def paper_values(study: Study, rr: list[tuple[int, dict[str, Any], Path]], key: str) -> list[float]:
+    """A row's values (percent, one per finished seed) of what a ``paper:`` key names: the table's metric or an
+    extra column."""
+    if key == study.metric.name:
+        return [100 * score_on_test(study, s) for _, s, _ in rr]
+    column = next(c for c in study.columns if c.removeprefix("test_") == key.removeprefix("test_"))
+    return [100 * extra_score(s, column) for _, s, _ in rr]
+
+
+def paper_comparison(done: Conducted) -> list[dict[str, Any]]:
+    """Per row and ``paper:`` value: the paper's value, ours (mean over seeds), ours minus the paper's and its
+    95% interval (Student's t over the seeds' differences; none on one seed), and where ours lies: ``above``
+    or ``below`` the paper where the interval excludes zero, else ``consistent``."""
+    study = done.study
+    out = []
+    for m in study.methods:
+        rr = row_runs(study, done.runs, m.label, done.chosen[m.label]) if m.paper else []
+        for key, published in m.paper.items():
+            ours = [v for v in paper_values(study, rr, key) if v == v]
+            entry: dict[str, Any] = {"label": m.label, "value": key, "paper": published, "seeds": len(ours)}
+            if ours:
+                entry["ours"] = statistics.mean(ours)
+                entry["difference"] = entry["ours"] - published
+            if len(ours) >= 2:
+                _, low, high = paired_t_interval([v - published for v in ours])
+                where = "above" if low > 0 else "below" if high < 0 else "consistent"
+                entry.update(low=low, high=high, verdict=where)
+            out.append(entry)
+    return out
 
 
 def not_private(rr: list[tuple[int, dict[str, Any], Path]]) -> bool:
@@ -373,6 +407,7 @@ def report(done: Conducted) -> str:
         split=regime_split_text(checks) if checks else ("validation", ""),
         noise_text=noise_floor_text(_noise_floors(done)),
         budget_text=budget_text(totals, note, study.confirms is not None),
+        paper=paper_comparison(done),
         claims=(claims := _claims(done, totals)),
         paper_claims=paper_claims_line(claims) if claims else "",
         min_clients=MIN_BOOTSTRAP_CLIENTS,

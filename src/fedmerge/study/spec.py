@@ -18,6 +18,7 @@
       overrides: [algorithm.name=fedavg]
       grid: {algorithm.lr: [0.05, 0.1]}          # a product of values
       extra_points: [{algorithm.lr: 0.3}]        # explicit points after it
+      paper: {acc: 53.36, top5: 83.27}           # the paper's published values (percent): the report's comparison
     revisions:                  # later versions of the study, each applied on top of the one before
     - name: wide
       title: ... (grids widened)
@@ -37,6 +38,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import os
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -63,6 +65,10 @@ class Row(_Strict):
     overrides: list[str] = []
     grid: dict[str, list[Any]] = {}
     extra_points: list[dict[str, Any]] = []
+    # The paper's published value of the table's metric (its name: acc, top5, rouge1) and of extra columns
+    # (``test_ece`` or ``ece``), in the paper's units (percent for accuracies), for the report's comparison.
+    # Not part of the run's identity: adding or correcting it reruns and renames nothing.
+    paper: dict[str, float] = {}
 
     def points(self) -> list[dict[str, Any]]:
         """The row's tuning points: the product of its ``grid``, then its ``extra_points`` in order.
@@ -93,6 +99,7 @@ class RowChange(_Strict):
     overrides: list[str] | None = None
     grid: dict[str, list[Any]] | None = None
     extra_points: list[dict[str, Any]] | None = None
+    paper: dict[str, float] | None = None
 
 
 class Regime(_Strict):
@@ -168,6 +175,17 @@ class _Fields(_Strict):
                     f"{claim.paper!r}); a comparison belongs to one paper claim"
                 )
             owner[pair] = claim.paper
+        return self
+
+    @model_validator(mode="after")
+    def _paper_names_columns(self) -> _Fields:
+        known = [self.metric.name, *(c.removeprefix("test_") for c in self.columns)]
+        for m in self.methods:
+            for key in m.paper:
+                if key.removeprefix("test_") not in known:
+                    raise ValueError(
+                        f"row {m.label!r}: paper value {key!r} is neither the metric nor a column (one of: {known})"
+                    )
         return self
 
     @model_validator(mode="after")
@@ -318,9 +336,29 @@ def resolve_path(path: Path) -> tuple[Path, str | None]:
     return path, None
 
 
+def base_path(study_path: Path, base: str) -> str:
+    """Where a study's ``base:`` is: relative to the study file's folder or the first folder above it that
+    holds it (``studies/paper/X.yaml``'s ``configs/paper/Y.yaml`` is the repository's, and the packaged
+    copy's next to it), so that a study runs from any working folder. A base found nowhere there is read
+    from the working folder, as before. Returned relative to the working folder when it lies inside it
+    (the path studies always recorded), else absolute."""
+    given = Path(base).expanduser()
+    if given.is_absolute():
+        return str(given)
+    start = study_path.absolute().parent
+    found = next((d / given for d in (start, *start.parents) if (d / given).is_file()), None)
+    if found is None:
+        return base  # found nowhere near the study: the working folder's (check() names it if missing)
+    relative = os.path.relpath(found)
+    return str(found) if relative.startswith("..") else relative
+
+
 def load_study_file(path: Path) -> StudyFile:
-    """The study file, validated: known keys only, equal budgets and valid configs in every revision."""
+    """The study file, validated: known keys only, equal budgets and valid configs in every revision.
+    Its ``base:`` is resolved against the study file's folder (``base_path()``)."""
     data = read_yaml(path, "study file")
+    if isinstance(data, dict) and isinstance(data.get("base"), str):
+        data = {**data, "base": base_path(path, data["base"])}
     try:
         spec = StudyFile.model_validate(data)
     except ValidationError as exc:
@@ -360,7 +398,7 @@ def check(study: Study) -> None:
     try:
         base = merge(DEFAULT_CONFIG, read_yaml(Path(study.base)))  # as load_config(study.base, ...), read once
     except ConfigError as exc:
-        raise ConfigError(f"base: {exc} (a path relative to the working folder)") from None
+        raise ConfigError(f"base: {exc} (a path relative to the study file's folder or one above it)") from None
     for m in study.methods:
         for point in m.points():
             try:
