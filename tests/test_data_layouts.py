@@ -199,6 +199,8 @@ def test_xnli_records_have_the_flan_wording_and_the_same_pairs_in_every_language
         "output": answer, "category": "en", "id": first["id"],
     }  # fmt: skip
     assert first["instruction"] == XNLI_INSTRUCTION
+    labels = {"1": "yes", "2": "it is not possible to tell", "3": "no"}  # entailment, neutral, contradiction
+    assert all(r["output"] == labels[r["id"]] for r in records)
 
 
 def test_xnli_all_pairs_and_a_bad_request_are_one_line(tmp_path: Path) -> None:
@@ -207,6 +209,9 @@ def test_xnli_all_pairs_and_a_bad_request_are_one_line(tmp_path: Path) -> None:
     with served_dataset("xnli", {"XNLI-1.0.zip": xnli_zip()}):
         records = build_instructions("xnli", tmp_path, True)
         assert sorted({r["id"] for r in records}) == ["1", "2", "3"] and len(records) == 9  # pair 4 lacks sw
+        labels = {"1": "yes", "2": "it is not possible to tell", "3": "no"}
+        assert [(r["category"], r["output"]) for r in records[::3]] == [("de", "yes"), ("en", "yes"), ("sw", "yes")]
+        assert all(r["output"] == labels[r["id"]] for r in records)
         too_many = CliRunner().invoke(app, ["instructions", "xnli", "-o", str(tmp_path / "x.json"), "--dir",
                                             str(tmp_path), "--per-language", "4"])  # fmt: skip
         unknown = CliRunner().invoke(app, ["instructions", "xnli", "-o", str(tmp_path / "x.json"), "--dir",
