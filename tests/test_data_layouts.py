@@ -320,3 +320,23 @@ def test_every_dataset_has_a_size_and_approximate_ones_say_so(tmp_path: Path) ->
     assert "?" not in listing
     assert "~170.0 MB" in rows["pacs"] and "~94.8 MB" in rows["eurosat"] and "~1.6 GB" in rows["femnist"]
     assert " 17.9 MB" in rows["xnli"] and "~" not in rows["xnli"]
+
+
+def test_instruction_records_over_max_tokens_are_dropped_on_request(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    from tiny_hf import tiny_llama
+
+    long_input = " ".join(["word"] * 100)  # far over 64 tokens
+    records = [
+        {"instruction": "answer", "input": "short", "output": "yes", "category": "en"},
+        {"instruction": "answer", "input": long_input, "output": "no", "category": "en"},
+        {"instruction": "answer", "input": "short", "output": "ja", "category": "de"},
+    ]
+    data = tmp_path / "records.json"
+    data.write_text(json.dumps(records))
+    folder = tiny_llama(tmp_path / "lm", ["answer short yes no ja word"])
+    options = {"name": "instructions", "path": str(data), "tokenizer": folder, "max_tokens": 64}
+    truncated = load_pool(options)
+    dropped = load_pool({**options, "over_length": "drop"})
+    assert len(truncated) == 3 and len(dropped) == 2
+    assert dropped.y.tolist() == [1, 0] and dropped.class_names == ["de", "en"]  # the long "en" record is gone
