@@ -20,6 +20,7 @@ class Files:
     cut_after: dict[str, int] = field(default_factory=dict)  # next response of that file stops after N bytes
     requests: list[tuple[str, str | None]] = field(default_factory=list)  # (path, Range header)
     delay: float = 0.0  # seconds before each response's body (to make two fetches overlap)
+    content_type: dict[str, str] = field(default_factory=dict)  # a path served as e.g. text/html (a login page)
 
 
 def make_handler(files: Files) -> type[BaseHTTPRequestHandler]:
@@ -43,7 +44,7 @@ def make_handler(files: Files) -> type[BaseHTTPRequestHandler]:
                 return
             body = data[start:]
             self.send_response(206 if rng else 200)
-            self.send_header("Content-Type", "application/octet-stream")
+            self.send_header("Content-Type", files.content_type.get(name, "application/octet-stream"))
             self.send_header("Content-Length", str(len(body)))
             if rng:
                 self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")

@@ -144,11 +144,16 @@ def test_missing_data_without_download_names_the_fetch_command(tmp_path: Path) -
     assert f"fedmerge data fetch cifar10 --dir {tmp_path}" in str(err.value)
 
 
+UNPUBLISHED = {("pacs", "PACS.zip"), ("imagenet_r", "imagenet-r_train.yaml"), ("imagenet_r", "imagenet-r_test.yaml")}
+
+
 def test_every_catalog_file_has_a_checksum_or_is_declared_unpublished() -> None:
     for entry in CATALOG.entries():
         for f in entry.files:
             assert f.urls and all(u.startswith(("http://", "https://")) for u in f.urls)
-            assert f.checksum is not None or entry.name == "pacs", f.name
+            # nobody publishes a checksum for PACS or ImageNet-R's split lists: pinned at the first download
+            assert f.checksum is not None or f.source.startswith("none published"), f.name
+            assert f.checksum is not None or (entry.name, f.name) in UNPUBLISHED, f.name
             assert f.source, f.name
 
 

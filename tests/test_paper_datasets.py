@@ -184,11 +184,14 @@ def test_eurosat_standard_split_lists(tmp_path: Path) -> None:
         "eurosat-val.txt": b"AnnualCrop_2.jpg\n",
         "eurosat-test.txt": b"AnnualCrop_3.jpg\nForest_3.jpg\n",
     }
-    pool = fetch_and_load(tmp_path, "eurosat", content, image_size=64)
+    stack.enter_context(served_dataset("eurosat", content))
+    pool = load_pool({"name": "eurosat", "data_dir": str(tmp_path), "download": True, "image_size": 64})
     assert pool.x.shape == (9, 3, 64, 64) and pool.class_names == classes
-    test = load_pool({"name": "eurosat", "data_dir": str(tmp_path), "subset": "test"})
+    # subset=all needs no split list: only the zip was fetched (torchvision's root/eurosat/EuroSAT.zip is enough)
+    assert [p.name for p in (tmp_path / "eurosat").iterdir() if p.is_file()] == ["EuroSAT.zip"]
+    test = load_pool({"name": "eurosat", "data_dir": str(tmp_path), "subset": "test", "download": True})
     assert test.y.tolist() == [0, 1]
-    train = load_pool({"name": "eurosat", "data_dir": str(tmp_path), "subset": "train"})
+    train = load_pool({"name": "eurosat", "data_dir": str(tmp_path), "subset": "train", "download": True})
     assert train.y.tolist() == [0, 1, 2, 2] and train.num_classes == 3
 
 

@@ -150,13 +150,13 @@ def _print_options(kind: str, name: str | None) -> None:
 
 def fetched_text(name: str) -> str:
     """For a dataset ``fedmerge data fetch`` knows: its download size, licence and the fetch command."""
-    from fedmerge.cli.data import human
+    from fedmerge.cli.data import download_text
     from fedmerge.data.catalog import CATALOG
 
     if name not in CATALOG.names():
         return ""
     entry = CATALOG.get(name)
     return (
-        f"download {human(entry.download_size)} ({entry.title}; {entry.licence}): fedmerge data fetch {name}, "
+        f"download {download_text(entry)} ({entry.title}; {entry.licence}): fedmerge data fetch {name}, "
         f"or dataset.download=true"
     )

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from fedmerge.cli.app import app, fail, lazy_help, new_typer
+
+if TYPE_CHECKING:
+    from fedmerge.data.catalog import DatasetFiles
 
 # fedmerge.data is imported when a command runs or shows its help (importing it imports torch): `fedmerge --help`
 # and the other commands start without it
@@ -38,6 +42,12 @@ def human(size: int | None) -> str:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1000
     return f"{value:.1f} GB"
+
+
+def download_text(entry: DatasetFiles) -> str:
+    """A dataset's download size; "~" where some file's size is only approximately known."""
+    text = human(entry.download_size)
+    return f"~{text}" if entry.size_is_approximate and entry.download_size is not None else text
 
 
 def folder_size(folder: Path) -> int:
@@ -115,13 +125,52 @@ def list_(
     typer.echo(f"data dir: {root}")
     typer.echo(f"{'name':<18} {'status':<10} {'on disk':>9} {'download':>9}  papers; licence")
     for entry in CATALOG.entries():
-        folder = entry.folder(dir)
-        present = [f for f in entry.files if (folder / f.name).is_file()]
+        present = entry.locate(dir)  # in NAME/ or where torchvision keeps them
         status = "cached" if len(present) == len(entry.files) else ("partial" if present else "-")
         if verify and present and check_dataset(entry.name, dir):
             status = "DAMAGED"
-        disk = human(folder_size(folder)) if present else "-"
+        disk = human(sum(p.stat().st_size for p in present.values())) if present else "-"
         typer.echo(
-            f"{entry.name:<18} {status:<10} {disk:>9} {human(entry.download_size):>9}  {entry.papers}; {entry.licence}"
+            f"{entry.name:<18} {status:<10} {disk:>9} {download_text(entry):>9}  {entry.papers}; {entry.licence}"
         )
     typer.echo(f"fetch one with `fedmerge data fetch NAME` (files go to {root}/NAME)")
+
+
+@data_app.command("instructions", cls=lazy_help(dir=dir_help))
+def instructions(
+    name: str = typer.Argument(..., help="xnli or xquad (fetched first with `fedmerge data fetch NAME`)"),
+    out: Path = typer.Option(..., "--out", "-o", help="the JSON file to write (dataset.path of `instructions`)"),
+    per_language: int | None = typer.Option(
+        None,
+        "--per-language",
+        help="a seeded draw of this many items, the same in every language (default: all; "
+        "FedMerge: 500 for XNLI, 300 train + 200 evaluation)",
+    ),
+    languages: str | None = typer.Option(None, "--languages", help="comma-separated codes (default: all)"),
+    split: str = typer.Option("test", "--split", help="XNLI's release split: test (5,010 pairs) or dev (2,490)"),
+    seed: int = typer.Option(0, "--seed", help="seed of the --per-language draw"),
+    dir: Path | None = typer.Option(None, "--data-dir", "--dir"),  # noqa: A002
+    download: bool = typer.Option(False, "--download", help="fetch the files first when missing"),
+) -> None:
+    """Write XNLI or XQuAD as Alpaca-format instruction records (category = language), FedMerge Table 5's
+    data, for `dataset.name=instructions`."""
+    import json
+
+    from fedmerge.data.errors import DataUnavailable
+    from fedmerge.data.sources.multilingual import build_instructions
+
+    if name not in ("xnli", "xquad"):
+        fail(f"instruction records are built for xnli and xquad, not {name!r}", 2)
+    if split not in ("test", "dev"):
+        fail(f"--split: test or dev, not {split!r}", 2)
+    langs = [s.strip() for s in languages.split(",") if s.strip()] if languages else None
+    try:
+        records = build_instructions(name, dir, download, split, langs, per_language, seed)
+    except DataUnavailable as exc:
+        fail(str(exc), 1)
+    except ValueError as exc:
+        fail(str(exc), 2)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(records, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
+    count = len({r["category"] for r in records})
+    typer.echo(f"{name}: {len(records)} records in {count} languages written to {out}")

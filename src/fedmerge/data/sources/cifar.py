@@ -38,11 +38,13 @@ def batch_folder(path: str, files: list[str], subdir: str, release: str) -> Path
 
 
 def extracted_in(data_dir: str | None, files: list[str], subdir: str) -> str | None:
-    """``data_dir`` when it holds extracted batches (``--data-dir`` pointed at them, as before the cache)."""
-    if data_dir is None:
-        return None
-    root = Path(data_dir).expanduser()
-    return data_dir if any(all((f / n).is_file() for n in files) for f in (root, root / subdir)) else None
+    """The data root when it holds extracted batches (itself or in ``subdir``, torchvision's layout), the root
+    found as everywhere else: ``--data-dir`` / ``dataset.data_dir``, else ``$FEDMERGE_DATA_DIR``, else the
+    default."""
+    from fedmerge.data.download import resolve_data_dir
+
+    root = resolve_data_dir(data_dir)
+    return str(root) if any(all((f / n).is_file() for n in files) for f in (root, root / subdir)) else None
 
 
 def unpickle(path: Path) -> dict:

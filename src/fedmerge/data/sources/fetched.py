@@ -4,7 +4,7 @@ preprocessed uint8 arrays they build a Pool from."""
 from __future__ import annotations
 
 import io
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +13,7 @@ from pydantic import Field, field_validator
 
 from fedmerge.data.cache import ArrayCache, Arrays, PoolCacheRef, params_key
 from fedmerge.data.catalog import CATALOG, dataset_files
-from fedmerge.data.download import DownloadError, expected_checksum, resolve_data_dir, verify_file
+from fedmerge.data.download import DownloadError, expected_checksum, resolve_data_dir
 from fedmerge.data.pool import DatasetConfig
 
 CONVERT_ROWS = 4096  # uint8 -> float32 in blocks: no second full-size temporary
@@ -41,27 +41,74 @@ class FetchedConfig(DatasetConfig):
 
 
 def cached_arrays(
-    name: str, cfg: FetchedConfig, params: dict[str, Any], build: Callable[[dict[str, Path]], Arrays]
+    name: str,
+    cfg: FetchedConfig,
+    params: dict[str, Any],
+    build: Callable[[dict[str, Path]], Arrays],
+    needed: Sequence[str] | None = None,
 ) -> tuple[Arrays, PoolCacheRef]:
     """The preprocessed arrays of ``name`` for ``params``: from the cache, else built from the verified
-    files (checked against their checksums first) and cached. Also the pool's cache reference, keyed by
-    the same parameters and the files' checksums."""
-    files = dataset_files(name, cfg.data_dir, cfg.download, cfg.mirror)
+    files (``needed`` ones, default all; checked against their checksums first) and cached. Also the pool's
+    cache reference, keyed by the same parameters and the files' checksums."""
+    files = dataset_files(name, cfg.data_dir, cfg.download, cfg.mirror, needed)
     entry = CATALOG.get(name)
     folder = entry.folder(cfg.data_dir)
     full = {"dataset": name, "files": {f.name: expected_checksum(f, folder) for f in entry.files}, **params}
     cache = ArrayCache(resolve_data_dir(cfg.data_dir) / "cache")
 
     def verified_build() -> Arrays:
+        from pooch.hashes import hash_matches
+
         for remote in entry.files:
-            if not verify_file(remote, folder):
+            path = files.get(remote.name)
+            if path is None:
+                continue
+            known = expected_checksum(remote, folder)
+            if known is None or not hash_matches(str(path), known):
                 raise DownloadError(
-                    f"{folder / remote.name} does not match {expected_checksum(remote, folder)} (damaged or replaced); "
-                    f"delete it and run `fedmerge data fetch {name}`"
+                    f"{path} does not match {known} (damaged or replaced); delete it and run "
+                    f"`fedmerge data fetch {name}`"
                 )
         return build(files)
 
     return cache.get_or_build(name, full, verified_build), PoolCacheRef(cache, params_key(full))
+
+
+def cached_folder_arrays(
+    name: str,
+    cfg: FetchedConfig,
+    folder: Path,
+    params: dict[str, Any],
+    build: Callable[[], Arrays],
+    key_files: list[str],
+) -> tuple[Arrays, PoolCacheRef]:
+    """``cached_arrays`` for an extracted folder (another tool's layout): no archive checksum to key the cache
+    on, so it is keyed by the folder's place and the SHA-256 of its index files (``key_files``)."""
+    from fedmerge.data.cache import file_sha256
+
+    index = {f: file_sha256(folder / f) for f in key_files if (folder / f).is_file()}
+    full = {"dataset": name, "extracted": str(folder.resolve()), "index": index, **params}
+    cache = ArrayCache(resolve_data_dir(cfg.data_dir) / "cache")
+    return cache.get_or_build(name, full, build), PoolCacheRef(cache, params_key(full))
+
+
+class FolderArchive:
+    """An extracted archive read like ``zipfile.ZipFile``: ``namelist()`` (posix paths) and ``read(name)``."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def namelist(self) -> list[str]:
+        return sorted(p.relative_to(self.root).as_posix() for p in self.root.rglob("*") if p.is_file())
+
+    def read(self, name: str) -> bytes:
+        return (self.root / name).read_bytes()
+
+    def __enter__(self) -> FolderArchive:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
 
 
 def unit_float(images: np.ndarray) -> np.ndarray:

@@ -68,6 +68,11 @@ class InstructionsConfig(DatasetConfig):
     categories: tuple[str, ...] | None = Field(
         None, min_length=1, description="keep only these categories, labelled in this order (default: all, sorted)"
     )
+    over_length: Literal["truncate", "drop"] = Field(
+        "truncate",
+        description="a record whose prompt + answer exceed max_tokens: truncate it, or drop it (FedMerge's XQuAD "
+        "skips those)",
+    )
 
 
 def read_records(path: str) -> list[dict]:
@@ -115,6 +120,11 @@ def parse_records(
     return prompts, answers, np.asarray([index[cats[i]] for i in kept], dtype=np.int64), names
 
 
+def fitting(prompt_ids: list[list[int]], answer_ids: list[list[int]], max_tokens: int) -> list[int]:
+    """Indices of the records whose prompt and answer (with its EOS) fit in ``max_tokens`` whole."""
+    return [i for i, (p, a) in enumerate(zip(prompt_ids, answer_ids, strict=True)) if len(p) + len(a) <= max_tokens]
+
+
 @DATASETS.register(
     "instructions",
     config=InstructionsConfig,
@@ -123,7 +133,7 @@ def parse_records(
 )
 def load_instructions(cfg: InstructionsConfig) -> Pool:
     x, y, names = _instructions_cached(cfg.path, cfg.tokenizer, cfg.max_tokens, cfg.fields, cfg.category_field,
-                                       cfg.categories)  # fmt: skip
+                                       cfg.categories, cfg.over_length)  # fmt: skip
     return Pool(x.copy(), y.copy(), len(names), "instructions", natural_id=y.copy(), class_names=list(names))
 
 
@@ -135,6 +145,7 @@ def _instructions_cached(
     fields: InstructionFields,
     category_field: str | None,
     categories: tuple[str, ...] | None,
+    over_length: str = "truncate",
 ) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
     from fedmerge.models.causal_lm import encode_examples, load_causal_tokenizer, special_ids
     from fedmerge.models.lora import LoRAUnavailable
@@ -147,6 +158,11 @@ def _instructions_cached(
     eos, pad = special_ids(tok)
     prompt_ids = tok(prompts, add_special_tokens=True)["input_ids"]
     answer_ids = [ids + [eos] for ids in tok(answers, add_special_tokens=False)["input_ids"]]
+    if over_length == "drop":
+        keep = fitting(prompt_ids, answer_ids, max_tokens)
+        if not keep:
+            raise ValueError(f"dataset.over_length=drop: no record fits in max_tokens={max_tokens}")
+        prompt_ids, answer_ids, y = [prompt_ids[i] for i in keep], [answer_ids[i] for i in keep], y[keep]
     x = encode_examples(prompt_ids, answer_ids, max_tokens, pad)
     x.setflags(write=False)
     return x, y, tuple(names)

@@ -7,9 +7,12 @@ that `fedmerge data fetch femnist|shakespeare` verifies, turned into those recor
 * FEMNIST: NIST SD19 ``by_write`` images (writer = folder ``fNNNN_NN``) labelled by matching each image's
   MD5 with ``by_class`` (``hsf_*`` folders); grey, shrunk to 28x28 (``thumbnail``), 62 classes
   (digits, upper, lower case). Pixels as LEAF stores them (white background = 1).
-* Shakespeare: the 1994 Gutenberg complete works split into plays ("by William Shakespeare") and
-  speaking roles (``  NAME. text`` lines and their indented continuations); a client is a play's role
-  with more than two lines; a sample is 80 characters and the next one, over LEAF's 80-symbol alphabet.
+* Shakespeare: the 1994 Gutenberg complete works split into plays ("by William Shakespeare", from the
+  second one on, up to LEAF's last line 124195) and speaking roles (``  NAME. text`` lines and their
+  indented continuations); a client is a play's role with more than two lines; a sample is 80 characters
+  and the next one, over LEAF's 80-symbol alphabet.
+* FEMNIST differs from LEAF's output in one way: LEAF's ``group_by_writer.py`` gives each writer one
+  image twice (a bug of its grouping loop); we keep every image once, so each writer has one sample fewer.
 
 LEAF's sampling is then ours, seeded: drop clients with fewer than ``min_samples`` samples (LEAF's
 ``-k``), keep a random ``fraction`` of the samples by whole clients (``--sf``, non-IID), and at most
@@ -147,14 +150,24 @@ _ROLE_COE = re.compile(r"^([a-zA-Z][a-zA-Z ]*)\. (.*)")
 _CONTINUED_COE = re.compile(r"^(.*)")
 
 
-def split_plays(text: str) -> list[tuple[str, dict[str, list[str]]]]:
-    """(title, role -> lines) per play, following LEAF's ``preprocess_shakespeare.py`` rules."""
-    lines = text.splitlines()
+# LEAF's preprocess_shakespeare.py: "This marks the end of the plays in the file" (the poems follow)
+LEAF_LAST_LINE = 124195
+
+
+def split_plays(text: str, last_line: int = LEAF_LAST_LINE) -> list[tuple[str, dict[str, list[str]]]]:
+    """(title, role -> lines) per play, following LEAF's ``preprocess_shakespeare.py`` rules: the file's
+    first line is dropped, everything before the second "by William Shakespeare" (the contents and the
+    sonnets) is skipped from five lines above it, and nothing after line ``last_line`` (counted after the
+    first) is read."""
+    lines = text.splitlines()[1:]
+    authors = [i for i, line in enumerate(lines) if "by William Shakespeare" in line][:2]
+    start = max(authors[1] - 5, 0) if len(authors) == 2 else 0
     plays: list[tuple[str, dict[str, list[str]]]] = []
     roles: dict[str, list[str]] | None = None
     current: str | None = None
     coe = False
-    for i, line in enumerate(lines):
+    for i in range(start, min(len(lines), last_line + 1)):
+        line = lines[i]
         if "by William Shakespeare" in line:
             title = next((lines[j].strip() for j in range(i - 2, max(i - 8, -1), -1) if lines[j].strip()), "")
             roles, current, coe = defaultdict(list), None, title == "THE COMEDY OF ERRORS"
@@ -231,13 +244,18 @@ def sample_clients(client: np.ndarray, cfg: LeafConfig, name: str) -> np.ndarray
 
 
 def leaf_pool(
-    name: str, cfg: LeafConfig, build_raw: Callable[[dict[str, Path]], Arrays], num_classes: int, class_names: list[str]
+    name: str,
+    cfg: LeafConfig,
+    build_raw: Callable[[dict[str, Path]], Arrays],
+    num_classes: int,
+    class_names: list[str],
+    records_version: int = 1,  # raised when the records built from the raw files change (a new cache entry)
 ) -> Pool:
     if cfg.leaf_dir is not None:
         arrays = read_leaf_json(cfg.leaf_dir, name)
         ref = None  # the user's own files: nothing of ours to key a partition cache on
     else:
-        arrays, ref = cached_arrays(name, cfg, {"records": 1}, build_raw)
+        arrays, ref = cached_arrays(name, cfg, {"records": records_version}, build_raw)
     keep = sample_clients(arrays["client"], cfg, name)
     kept_ids, natural = np.unique(arrays["client"][keep], return_inverse=True)
     names = [str(n) for n in arrays["client_names"][kept_ids]]  # LEAF's writer / PLAY_ROLE names
@@ -280,4 +298,6 @@ class ShakespeareConfig(LeafConfig):
 )
 def load_shakespeare(cfg: ShakespeareConfig) -> Pool:
     names = [repr(c)[1:-1] for c in LEAF_LETTERS]
-    return leaf_pool("shakespeare", cfg, lambda f: read_gutenberg(f["1994-01-100.zip"]), len(LEAF_LETTERS), names)
+    # records version 2: LEAF's two rules (skip to the second "by William Shakespeare", stop after its last line)
+    build = lambda f: read_gutenberg(f["1994-01-100.zip"])  # noqa: E731
+    return leaf_pool("shakespeare", cfg, build, len(LEAF_LETTERS), names, records_version=2)

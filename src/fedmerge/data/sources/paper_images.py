@@ -14,7 +14,15 @@ from pydantic import Field
 from fedmerge.data.errors import DataUnavailable
 from fedmerge.data.pool import DATASETS, Pool
 from fedmerge.data.sources.fashion_mnist import read_idx
-from fedmerge.data.sources.fetched import FetchedConfig, cached_arrays, decode_image, progress, unit_float
+from fedmerge.data.sources.fetched import (
+    FetchedConfig,
+    FolderArchive,
+    cached_arrays,
+    cached_folder_arrays,
+    decode_image,
+    progress,
+    unit_float,
+)
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 
@@ -55,8 +63,10 @@ class TinyImageNetConfig(FetchedConfig):
 
 
 def read_tiny_imagenet(path: Path, subset: str, size: int) -> dict[str, np.ndarray]:
-    """Labels: train from the folder's wnid, val from ``val_annotations.txt``; class order = ``wnids.txt``."""
-    with zipfile.ZipFile(path) as zf:
+    """Labels: train from the folder's wnid, val from ``val_annotations.txt``; class order = ``wnids.txt``.
+    ``path``: the zip, or the folder it extracts to (holding ``tiny-imagenet-200/``, or that folder itself)."""
+    opened = FolderArchive(path) if path.is_dir() else zipfile.ZipFile(path)
+    with opened as zf:
         names = zf.namelist()
         root = next((n[: -len("wnids.txt")] for n in names if n.endswith("wnids.txt")), None)
         if root is None:
@@ -87,6 +97,21 @@ def read_tiny_imagenet(path: Path, subset: str, size: int) -> dict[str, np.ndarr
     }
 
 
+def extracted_tiny_imagenet(cfg: TinyImageNetConfig) -> Path | None:
+    """An extracted ``tiny-imagenet-200/`` (at the data root or in ``tiny_imagenet/``) when no zip is there."""
+    from fedmerge.data.catalog import CATALOG
+    from fedmerge.data.download import resolve_data_dir
+
+    entry = CATALOG.get("tiny_imagenet")
+    if entry.locate(cfg.data_dir) or cfg.download:
+        return None
+    root = resolve_data_dir(cfg.data_dir)
+    for folder in (root / "tiny-imagenet-200", root / entry.name / "tiny-imagenet-200"):
+        if (folder / "wnids.txt").is_file():
+            return folder
+    return None
+
+
 @DATASETS.register(
     "tiny_imagenet",
     config=TinyImageNetConfig,
@@ -94,12 +119,20 @@ def read_tiny_imagenet(path: Path, subset: str, size: int) -> dict[str, np.ndarr
 )
 def load_tiny_imagenet(cfg: TinyImageNetConfig) -> Pool:
     params = {"subset": cfg.subset, "image_size": cfg.image_size}
-    arrays, ref = cached_arrays(
-        "tiny_imagenet",
-        cfg,
-        params,
-        lambda f: read_tiny_imagenet(f["tiny-imagenet-200.zip"], cfg.subset, cfg.image_size),
-    )
+    extracted = extracted_tiny_imagenet(cfg)
+    if extracted is not None:  # an extracted tiny-imagenet-200/ and no zip: read the folder (nothing to verify)
+        arrays, ref = cached_folder_arrays(
+            "tiny_imagenet", cfg, extracted, params,
+            lambda: read_tiny_imagenet(extracted, cfg.subset, cfg.image_size),
+            ["wnids.txt", "words.txt", "val/val_annotations.txt"],
+        )  # fmt: skip
+    else:
+        arrays, ref = cached_arrays(
+            "tiny_imagenet",
+            cfg,
+            params,
+            lambda f: read_tiny_imagenet(f["tiny-imagenet-200.zip"], cfg.subset, cfg.image_size),
+        )
     names = [str(n) for n in arrays["class_names"]]
     return Pool(unit_float(arrays["x"]), arrays["y"], len(names), "tiny_imagenet", class_names=names, cache=ref)
 
@@ -184,7 +217,10 @@ def read_eurosat(files: dict[str, Path], subset: str, size: int) -> dict[str, np
 )
 def load_eurosat(cfg: EuroSatConfig) -> Pool:
     params = {"subset": cfg.subset, "image_size": cfg.image_size}
-    arrays, ref = cached_arrays("eurosat", cfg, params, lambda f: read_eurosat(f, cfg.subset, cfg.image_size))
+    needed = ["EuroSAT.zip"] + ([] if cfg.subset == "all" else [f"eurosat-{cfg.subset}.txt"])  # all: no lists
+    arrays, ref = cached_arrays(
+        "eurosat", cfg, params, lambda f: read_eurosat(f, cfg.subset, cfg.image_size), needed=needed
+    )
     names = [str(n) for n in arrays["class_names"]]
     return Pool(unit_float(arrays["x"]), arrays["y"], len(names), "eurosat", class_names=names, cache=ref)
 
