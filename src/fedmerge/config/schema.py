@@ -79,14 +79,14 @@ class FlowerSettings(BaseModel):
     max_retries: int = Field(1, ge=0, description="resends to the failed clients when a round has too few replies")
     round_timeout: float = Field(600.0, gt=0, description="seconds to wait for the replies to one round's messages")
     connect_timeout: float = Field(120.0, gt=0, description="seconds to wait for a SuperNode for every partition")
-    num_cpus: int | None = Field(None, ge=1, description="simulation: CPUs Ray may use (None: all)")
+    num_cpus: int | None = Field(None, ge=1, description="simulation: CPUs a private Ray may use (None: all)")
     client_cpus: float = Field(1.0, gt=0, description="simulation: CPUs reserved per ClientApp")
     client_gpus: float = Field(0.0, ge=0, description="simulation: GPUs reserved per ClientApp")
     ray_address: str | None = Field(
         None,
-        description="simulation: join this running Ray cluster (auto: the one `ray start` made on this machine, "
-        "or RAY_ADDRESS; HOST:PORT: its head) and run the ClientApps on its nodes; null: a private Ray on this "
-        "machine, whatever cluster runs or RAY_ADDRESS names",
+        description="simulation: join this running Ray cluster and run the ClientApps on its nodes (auto: the one "
+        "RAY_ADDRESS names, else the one `ray start` made on this machine; HOST:PORT: its head); null: a private "
+        "Ray on this machine, whatever cluster runs or RAY_ADDRESS names",
     )
 
     @field_validator("ray_address")
