@@ -169,6 +169,19 @@ def test_a_ray_address_where_no_cluster_answers_is_refused_in_one_line(tmp_path,
     assert f":{port} (" in result.output  # the address RAY_ADDRESS named
 
 
+def test_a_run_resumes_with_another_ray_address(tmp_path, task_identity):
+    """A cluster's head may move (or be gone): the address is not part of the run's numbers."""
+    from fedmerge.run.runner import run_from_files
+
+    algo = ["algorithm.name=local", "rounds=4"]
+    full = run(quick_config(*SMALL, *algo), tmp_path / "full")
+    cut = run_on_grid(tmp_path / "cut", FakeGrid(4), *algo, "flower.ray_address=10.0.0.9:6379", stop_after=2)
+    resumed = run_from_files(
+        None, ["flower.ray_address=auto"], resume_dir=str(cut.run_dir), show_progress=False, grid=FakeGrid(4)
+    )
+    assert_runs_identical(full.run_dir, resumed.run_dir)
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
@@ -273,9 +286,9 @@ class FakeGrid:
         return replies
 
 
-def run_on_grid(tmp_path, grid, *overrides):
+def run_on_grid(tmp_path, grid, *overrides, **kw):
     cfg = quick_config(*SMALL, "engine=flower", *overrides)
-    return run(cfg, tmp_path / "r", grid=grid)
+    return run(cfg, tmp_path / "r", grid=grid, **kw)
 
 
 def test_fake_grid_run_matches_local_and_keeps_state_in_context(tmp_path, task_identity):
