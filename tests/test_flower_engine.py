@@ -8,13 +8,23 @@ map are checked without Ray.
 from __future__ import annotations
 
 import json
+import os
 import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Literal
 
 import pytest
 import torch
 from helpers import assert_runs_identical, quick_config, run
+from test_clusters import env, free_port
 
 from fedmerge.algorithms.fedavg import FedAvg, FedAvgConfig
 from fedmerge.config.schema import load_config
@@ -68,6 +78,124 @@ def test_a_simulation_starts_its_own_ray_whatever_cluster_the_machine_names(tmp_
     monkeypatch.setenv("RAY_ADDRESS", "auto")  # join the machine's running cluster; with none running, fail
     flower = run(quick_config(*SMALL, "rounds=1", "engine=flower", "flower.num_cpus=1"), tmp_path / "flower")
     assert flower.summary["rounds_completed"] == 1
+
+
+# --- joining a running Ray cluster (flower.ray_address) --------------------------------------------
+@contextmanager
+def localhost_ray_cluster(logs: Path, worker_cpus: int = 1) -> Iterator[str]:
+    """A Ray head that only schedules (no CPUs) and one worker node on localhost, started with ``ray start``,
+    each the leader of its own process group; both groups are killed whatever happens (never ``ray stop``,
+    which would stop every Ray on the machine). The head's temp folder is private, so that no other
+    ``auto`` on the machine finds this cluster."""
+    ray = shutil.which("ray") or pytest.fail("the ray command is not installed (pip install 'fedmerge[cluster]')")
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    temp = Path(tempfile.mkdtemp(prefix="ray", dir="/tmp"))  # short: Ray's socket paths must fit in 107 bytes
+    head = [ray, "start", "--head", "--port", str(port), "--num-cpus", "0", "--include-dashboard=false"]
+    worker = [ray, "start", "--address", address, "--num-cpus", str(worker_cpus)]
+    nodes: list[subprocess.Popen] = []
+    try:
+        for name, cmd in (("head", [*head, f"--temp-dir={temp}"]), ("worker", worker)):
+            with (logs / f"ray_{name}.log").open("w") as log:
+                nodes.append(subprocess.Popen(cmd, env=env(), start_new_session=True, stdout=log, stderr=log))
+            assert nodes[-1].wait(timeout=120) == 0, (logs / f"ray_{name}.log").read_text()
+        yield address
+    finally:
+        import ray as ray_module
+
+        if ray_module.is_initialized():  # a failed run may leave this process connected
+            ray_module.shutdown()
+        for node in nodes:
+            with suppress(ProcessLookupError):
+                os.killpg(node.pid, signal.SIGKILL)
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+CLUSTER_ACTORS = """
+import json, sys
+import ray
+from ray._private import state  # the GCS actor table, dead actors included (ray.util.state needs a dashboard)
+
+ray.init(address=sys.argv[1], include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+workers = [n["NodeID"] for n in ray.nodes() if n["Alive"] and n["Resources"].get("CPU")]
+actors = [(a["ActorClassName"], a["Address"]["NodeID"]) for a in state.actors().values()]
+print(json.dumps({"workers": workers, "actors": actors}))
+"""
+
+
+@pytest.mark.processes
+def test_a_simulation_joins_a_running_ray_cluster_with_the_local_numbers(tmp_path, monkeypatch):
+    """flower.ray_address: the ClientApps run as actors on the cluster's worker node (the head has no CPU),
+    and the run's numbers are the local engine's."""
+    pytest.importorskip("ray", reason="Flower simulation needs ray: pip install -e '.[flower]'")
+    from fedmerge.engines.flower.simulation import cluster_address
+
+    algo = ["algorithm.name=fedprox", "algorithm.mu=0.1", "participation=0.5"]
+    local = run(quick_config(*SMALL, *algo), tmp_path / "local")
+    with localhost_ray_cluster(tmp_path) as address:
+        monkeypatch.setenv("RAY_ADDRESS", address)  # what `auto` resolves first
+        assert cluster_address("auto").endswith(f":{address.split(':')[1]}")
+        monkeypatch.delenv("RAY_ADDRESS")
+        flower = run(quick_config(*SMALL, *algo, "engine=flower", f"flower.ray_address={address}"), tmp_path / "f")
+        read = subprocess.run(
+            [sys.executable, "-c", CLUSTER_ACTORS, address], env=env(), capture_output=True, text=True, timeout=120
+        )
+    assert read.returncode == 0, read.stderr
+    seen = json.loads(read.stdout.strip().splitlines()[-1])
+    (worker,) = seen["workers"]
+    clients = [node for name, node in seen["actors"] if name == "ClientAppActor"]
+    assert clients and set(clients) == {worker}, seen  # the run's ClientApps ran on the cluster's worker node
+    assert_runs_identical(local.run_dir, flower.run_dir)
+    assert local.summary["last"] == flower.summary["last"]
+
+
+def test_a_ray_address_where_no_cluster_answers_is_refused_in_one_line(tmp_path, monkeypatch):
+    """ray.init would wait for ever for an absent head: the address is checked first."""
+    pytest.importorskip("ray", reason="Flower simulation needs ray: pip install -e '.[flower]'")
+    from typer.testing import CliRunner
+
+    from fedmerge.cli import app
+
+    port = free_port()  # nothing listens there any more
+    args = ["run", "engine=flower", "rounds=1", "partition.num_clients=2", "--no-progress"]
+    result = CliRunner().invoke(app, [*args, f"flower.ray_address=127.0.0.1:{port}", "--out", str(tmp_path / "a")])
+    assert result.exit_code == 1, result.output
+    assert f"flower.ray_address=127.0.0.1:{port}: no Ray cluster answers at " in result.output
+    assert len(result.output.strip().splitlines()) == 1 and "Traceback" not in result.output
+    # `auto` finds its cluster as ray.init does: RAY_ADDRESS first
+    monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{port}")
+    result = CliRunner().invoke(app, [*args, "flower.ray_address=auto", "--out", str(tmp_path / "b")])
+    assert result.exit_code == 1 and "flower.ray_address=auto: no Ray cluster answers at " in result.output
+    assert f":{port} (" in result.output  # the address RAY_ADDRESS named
+
+
+def test_a_run_resumes_with_another_ray_address(tmp_path, task_identity):
+    """A cluster's head may move (or be gone): the address is not part of the run's numbers."""
+    from fedmerge.run.runner import run_from_files
+
+    algo = ["algorithm.name=local", "rounds=4"]
+    full = run(quick_config(*SMALL, *algo), tmp_path / "full")
+    cut = run_on_grid(tmp_path / "cut", FakeGrid(4), *algo, "flower.ray_address=10.0.0.9:6379", stop_after=2)
+    resumed = run_from_files(
+        None, ["flower.ray_address=auto"], resume_dir=str(cut.run_dir), show_progress=False, grid=FakeGrid(4)
+    )
+    assert_runs_identical(full.run_dir, resumed.run_dir)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["flower.ray_address=ray://head:10001"], "flower.ray_address: auto, or HOST:PORT of a Ray cluster's head"),
+        (["flower.ray_address=head"], "flower.ray_address: auto, or HOST:PORT"),
+        (["flower.ray_address=auto", "flower.num_cpus=2"], "num_cpus sizes a private Ray"),
+    ],
+)
+def test_bad_ray_addresses_are_refused_by_the_config(overrides, message):
+    from fedmerge.config.schema import ConfigError
+
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        quick_config("engine=flower", *overrides)
+    assert quick_config("engine=flower", "flower.ray_address=10.0.0.1:6379").flower.ray_address == "10.0.0.1:6379"
 
 
 # The configuration of issue 18: a TwoNN trained at batch 10.
@@ -158,9 +286,9 @@ class FakeGrid:
         return replies
 
 
-def run_on_grid(tmp_path, grid, *overrides):
+def run_on_grid(tmp_path, grid, *overrides, **kw):
     cfg = quick_config(*SMALL, "engine=flower", *overrides)
-    return run(cfg, tmp_path / "r", grid=grid)
+    return run(cfg, tmp_path / "r", grid=grid, **kw)
 
 
 def test_fake_grid_run_matches_local_and_keeps_state_in_context(tmp_path, task_identity):

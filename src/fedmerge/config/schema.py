@@ -23,6 +23,7 @@ from pydantic import (
     ValidationInfo,
     create_model,
     field_validator,
+    model_validator,
 )
 
 from fedmerge.algorithms import ALGORITHMS
@@ -56,6 +57,7 @@ DEFAULT_CONFIG: dict[str, Any] = {
 
 RUN_NAME = re.compile(r"^[A-Za-z0-9_.+-]+$")
 MODULE_NAME = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
+RAY_ADDRESS = re.compile(r"^[^\s:/]+:[0-9]{1,5}$")  # HOST:PORT, as `ray start --address` takes it
 
 
 def make_folder(path: Path, option: str, exist_ok: bool = True) -> Path:
@@ -77,9 +79,28 @@ class FlowerSettings(BaseModel):
     max_retries: int = Field(1, ge=0, description="resends to the failed clients when a round has too few replies")
     round_timeout: float = Field(600.0, gt=0, description="seconds to wait for the replies to one round's messages")
     connect_timeout: float = Field(120.0, gt=0, description="seconds to wait for a SuperNode for every partition")
-    num_cpus: int | None = Field(None, ge=1, description="simulation: CPUs Ray may use (None: all)")
+    num_cpus: int | None = Field(None, ge=1, description="simulation: CPUs a private Ray may use (None: all)")
     client_cpus: float = Field(1.0, gt=0, description="simulation: CPUs reserved per ClientApp")
     client_gpus: float = Field(0.0, ge=0, description="simulation: GPUs reserved per ClientApp")
+    ray_address: str | None = Field(
+        None,
+        description="simulation: join this running Ray cluster and run the ClientApps on its nodes (auto: the one "
+        "RAY_ADDRESS names, else the one `ray start` made on this machine; HOST:PORT: its head); null: a private "
+        "Ray on this machine, whatever cluster runs or RAY_ADDRESS names",
+    )
+
+    @field_validator("ray_address")
+    @classmethod
+    def _valid_ray_address(cls, value: str | None) -> str | None:
+        if value is not None and value != "auto" and not RAY_ADDRESS.match(value):
+            raise ValueError("auto, or HOST:PORT of a Ray cluster's head (ray start --head --port PORT)")
+        return value
+
+    @model_validator(mode="after")
+    def _cpus_of_a_private_ray(self) -> FlowerSettings:
+        if self.ray_address is not None and self.num_cpus is not None:
+            raise ValueError("num_cpus sizes a private Ray; a joined cluster (ray_address) has its own CPUs")
+        return self
 
 
 class LogSettings(BaseModel):

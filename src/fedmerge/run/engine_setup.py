@@ -196,5 +196,6 @@ def open_engine(
     if grid is not None:  # a ServerApp was handed a Grid by the SuperLink (or a test's fake one)
         yield engine_on(grid)
         return
-    with simulation(num_clients, SimulationOptions(fs.num_cpus, fs.client_cpus, fs.client_gpus)) as relay:
+    sim = SimulationOptions(fs.num_cpus, fs.client_cpus, fs.client_gpus, ray_address=fs.ray_address)
+    with simulation(num_clients, sim) as relay:
         yield engine_on(relay)

@@ -22,7 +22,10 @@ from fedmerge.core.checkpoint import (
 )
 from fedmerge.run.results import CHECKPOINT_DIR, CONFIG_FILE, METRICS_FILE, RunStore
 
-RESUME_OVERRIDABLE = {"rounds", "device", "eval_batch_size", "workers", "state.cache_size", "keep_freed_memory"}
+# flower.ray_address: where a simulation's ClientApps run changes no number, and a cluster's head may move
+RESUME_OVERRIDABLE = {
+    "rounds", "device", "eval_batch_size", "workers", "state.cache_size", "keep_freed_memory", "flower.ray_address"
+}  # fmt: skip
 
 
 def config_digest(cfg: ExperimentConfig) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import socket
 import threading
 import time
 import warnings
@@ -22,6 +23,8 @@ from flwr.app import Context, Message
 from flwr.serverapp import Grid, ServerApp
 from flwr.simulation import run_simulation
 
+from fedmerge.core.loop import RoundFailed
+
 from .client import app as client_app
 
 _STOP = object()
@@ -33,6 +36,46 @@ class SimulationOptions:
     client_cpus: float = 1.0  # per ClientApp: num_cpus / client_cpus ClientApps run at once
     client_gpus: float = 0.0
     start_timeout: float = 300.0  # seconds for Ray and the ServerApp thread to come up
+    ray_address: str | None = None  # a running Ray cluster to join ("auto" or HOST:PORT); None: a private Ray
+
+
+class RayClusterUnreachable(RoundFailed):
+    """``flower.ray_address`` names no Ray cluster that answers (one line, before Ray is asked to join it)."""
+
+
+def cluster_address(address: str, timeout: float = 10.0) -> str:
+    """The HOST:PORT of the running cluster that ``address`` ("auto" or HOST:PORT) names, found as ``ray.init``
+    finds it, and checked to answer: ``ray.init`` waits for ever for a head that is not there."""
+    # Ray's own resolution of "auto" (RAY_ADDRESS, then the cluster `ray start` recorded on this machine)
+    from ray._private.services import canonicalize_bootstrap_address_or_die
+
+    try:
+        resolved = canonicalize_bootstrap_address_or_die(address)
+    except (ConnectionError, ValueError) as exc:
+        raise RayClusterUnreachable(f"flower.ray_address={address}: {str(exc).splitlines()[0]}") from None
+    host, port = resolved.rsplit(":", 1)
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout).close()
+    except OSError as exc:
+        raise RayClusterUnreachable(
+            f"flower.ray_address={address}: no Ray cluster answers at {resolved} ({exc.strerror or exc}); "
+            "start one (ray start --head) or name a running one"
+        ) from None
+    return resolved
+
+
+def ray_init_args(options: SimulationOptions) -> dict[str, Any]:
+    """``ray.init``'s arguments (Flower's ``init_args``): a private Ray instance, or the cluster to join."""
+    args: dict[str, Any] = {
+        "include_dashboard": False,
+        "log_to_driver": False,  # ClientApp errors reach the server as error replies
+        "logging_level": logging.ERROR,
+    }
+    if options.ray_address is not None:  # the cluster's own CPUs and GPUs: ray.init refuses num_cpus there
+        return {**args, "address": cluster_address(options.ray_address)}
+    # a private Ray instance: never a cluster already running on this machine or named by RAY_ADDRESS
+    # (ray.init would join it, and refuses num_cpus there)
+    return {**args, "address": "local", "num_cpus": options.num_cpus or os.cpu_count() or 1}
 
 
 class GridRelay:
@@ -100,15 +143,7 @@ def simulation(num_supernodes: int, options: SimulationOptions) -> Iterator[Grid
 
     backend_config: dict[str, Any] = {
         "client_resources": {"num_cpus": options.client_cpus, "num_gpus": options.client_gpus},
-        "init_args": {
-            # a private Ray instance: never a cluster already running on this machine or named by RAY_ADDRESS
-            # (ray.init would join it, and refuses num_cpus there)
-            "address": "local",
-            "num_cpus": options.num_cpus or os.cpu_count() or 1,
-            "include_dashboard": False,
-            "log_to_driver": False,  # ClientApp errors reach the server as error replies
-            "logging_level": logging.ERROR,
-        },
+        "init_args": ray_init_args(options),
     }
 
     def run() -> None:
