@@ -10,6 +10,7 @@ from dataclasses import replace
 import pytest
 import torch
 import yaml
+from by_hand import ce_gradient
 from helpers import assert_runs_identical, quick_config, run, strip_timing
 
 from fedmerge.algorithms.ditto import Ditto, DittoConfig
@@ -248,6 +249,56 @@ def test_fedmerge_newcomer_logits_favour_the_model_of_its_own_task(flip):
     flat = torch.empty(fm.layout.num_floats)
     fm.layout.flatten_into(variants["merge_only"], flat)
     torch.testing.assert_close(flat, merged)
+
+
+def fedmerge_payload(fm: FedMerge, models: list[dict[str, torch.Tensor]], epochs: int) -> Payload:
+    theta = torch.empty(len(models), fm.layout.num_floats)
+    for j, m in enumerate(models):
+        fm.layout.flatten_into(m, theta[j])
+    return onboard_payload({"theta": theta, "counters": torch.zeros(len(models), 0, dtype=torch.int64)}, epochs)
+
+
+THREE = [{k: 0.3 * v for k, v in solver(1.0).items()}, {k: 0.3 * v for k, v in solver(-1.0).items()},
+         {"classifier.weight": torch.tensor([[0.1, -0.2, 0.3, 0.0], [0.0, 0.2, -0.1, 0.4]]),
+          "classifier.bias": torch.tensor([0.05, -0.05])}]  # fmt: skip
+
+
+def test_fedmerge_fixed_newcomer_keeps_its_seeded_models_and_learns_no_logits():
+    """merge_weights: fixed freezes every client's merge, a newcomer's too: whatever the budget, its logits are
+    0 on the fixed_k models a participant with its id is given and -inf elsewhere, and its merge is the plain
+    mean of those models. With fixed_k=2 of 3 the two finite logits would move under SGD (with one they
+    could not: a single finite logit has no gradient)."""
+    cfg = FedMergeConfig(num_models=3, merge_weights="fixed", fixed_k=2, lr=0.1, onboard_lr=1.0, batch_size=64)
+    fm = FedMerge(cfg, linear_factory, 10, 0)
+    participant = fm.init_server_state().tensors["logits"][9]  # client 9's seeded models, as a participant
+    chosen = torch.isfinite(participant).nonzero().flatten().tolist()
+    assert len(chosen) == 2 and participant[chosen].eq(0).all()
+    data = two_task_problem(True)
+    for epochs in (0, 1, 3):
+        logits = fm.newcomer_logits(fedmerge_payload(fm, THREE, epochs), data, context())
+        assert torch.equal(logits, participant), (epochs, logits)
+    merged = fm.onboard_variants(fedmerge_payload(fm, THREE, 2), data, context())["merge_only"]
+    for k in merged:
+        torch.testing.assert_close(merged[k], (THREE[chosen[0]][k] + THREE[chosen[1]][k]) / 2)
+
+
+def test_fedmerge_dynamic_newcomer_takes_the_hand_computed_logit_step():
+    """merge_weights: dynamic: one full-batch epoch is one SGD step on the logits a (from 0) of the task loss of
+    softmax(a) @ Theta. By hand: with g_j = <dL/dtheta, Theta_j> at the merged model theta, dL/da_j =
+    w_j (g_j - sum_k w_k g_k)."""
+    cfg = FedMergeConfig(num_models=3, lr=0.1, onboard_lr=1.0, batch_size=64)
+    fm = FedMerge(cfg, linear_factory, 10, 0)
+    data = two_task_problem(True)
+    got = fm.newcomer_logits(fedmerge_payload(fm, THREE, 1), data, context())
+    w = torch.full((3,), 1 / 3, dtype=torch.float64)
+    weight = sum(w[j] * THREE[j]["classifier.weight"].double() for j in range(3))
+    bias = sum(w[j] * THREE[j]["classifier.bias"].double() for j in range(3))
+    d_weight, d_bias = ce_gradient(weight, bias, data.x_train, data.y_train)
+    g = torch.stack([(d_weight * m["classifier.weight"].double()).sum() + (d_bias * m["classifier.bias"].double()).sum()
+                     for m in THREE])  # fmt: skip
+    expected = -cfg.onboard_lr * w * (g - (w * g).sum())
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-7)
+    assert expected.abs().min() > 1e-3  # a step every logit takes
 
 
 @pytest.mark.parametrize("flip", [False, True])
