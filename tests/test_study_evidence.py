@@ -65,6 +65,42 @@ def test_the_bootstrap_of_many_clients_is_the_normal_interval_and_is_seeded():
     assert bootstrap_interval([values], seed=1) != (estimate, low, high)
 
 
+def test_the_bootstrap_resamples_the_clients_afresh_for_every_draw_of_a_seed():
+    """Seeds whose clients hold the same values: the seed level adds nothing, so each resample's statistic is
+    the mean of k * n independent draws from those values, and the interval is, by the central limit theorem,
+    mean +- 1.96 sd / sqrt(k n) (sd with ddof 0). A seed drawn twice in a resample must get two independent
+    client resamples: one resample shared by its copies would widen the interval by sqrt((2k - 1) / k)."""
+    values = np.random.default_rng(4).normal(0.0, 1.0, size=100)
+    k = 3
+    estimate, low, high = bootstrap_interval([values] * k, seed=0)
+    half = 1.96 * values.std() / math.sqrt(k * len(values))
+    assert estimate == pytest.approx(values.mean())
+    assert low == pytest.approx(values.mean() - half, abs=0.08 * half)
+    assert high == pytest.approx(values.mean() + half, abs=0.08 * half)
+
+
+def reference_bootstrap(groups: list[np.ndarray], resamples: int, seed: int) -> tuple[float, float]:
+    """The two-level bootstrap written as its definition, one resample at a time: draw k seeds with
+    replacement, then for each drawn seed its clients with replacement; the mean of the seeds' means."""
+    rng = np.random.default_rng(seed)
+    stats = []
+    for _ in range(resamples):
+        places = rng.integers(0, len(groups), size=len(groups))
+        stats.append(np.mean([rng.choice(groups[s], size=len(groups[s])).mean() for s in places]))
+    low, high = np.quantile(stats, [0.025, 0.975])
+    return float(low), float(high)
+
+
+def test_the_bootstrap_agrees_with_a_resample_by_resample_reference():
+    rng = np.random.default_rng(5)
+    groups = [rng.normal(mu, sd, size=n) for mu, sd, n in ((0.02, 0.1, 30), (0.05, 0.2, 45), (0.0, 0.15, 25),
+                                                           (0.03, 0.1, 60))]  # fmt: skip
+    _, low, high = bootstrap_interval(groups, seed=0)
+    ref_low, ref_high = reference_bootstrap(groups, 20_000, seed=1)
+    width = ref_high - ref_low
+    assert low == pytest.approx(ref_low, abs=0.05 * width) and high == pytest.approx(ref_high, abs=0.05 * width)
+
+
 @pytest.mark.parametrize(
     "low, high, word",
     [
