@@ -260,6 +260,23 @@ def test_a_reference_stored_without_validation_is_read_on_test_and_the_report_sa
     assert results_json(done)["regime"][0]["split"] == TEST
 
 
+def test_verdicts_are_provisional_where_the_regime_is_not_kept_on_every_seed(tmp_path):
+    """Verdicts count as evidence only where both bars are met on every seed (docs/reproductions/README.md):
+    seed 1's reference is 0.85 on validation, FedAvg (0.78) within 10 points of it, so 2 of 3 seeds keep it."""
+    study = two_row_study([0, 1, 2])
+    for seed in (0, 1, 2):
+        write_run(tmp_path, run_key("Local", 0, seed), [0.5] * 4, val=[0.7] * 4)
+        write_run(tmp_path, run_key("FedAvg", 0, seed), [0.8] * 4, val=[0.78] * 4)
+    references = {s: regime_reference(val=True) for s in (0, 2)}
+    references[1] = {**regime_reference(val=True), "val_mean": 0.85}
+    text = report(Conducted(study, [study], tmp_path, CHOSEN, references))
+    (row,) = [line for line in text.splitlines() if line.startswith("| - | FedAvg > Local")]
+    assert row.endswith("| **reproduced** (provisional) |"), row
+    assert "Every verdict is **provisional**: the regime is kept on 2 of 3 seeds" in text
+    kept = report(Conducted(study, [study], tmp_path, CHOSEN, {s: regime_reference(val=True) for s in (0, 1, 2)}))
+    assert "| **reproduced** |" in kept and "(provisional)" not in kept and "**provisional**" not in kept
+
+
 def test_the_central_reference_scores_each_clients_validation_split():
     gen = torch.Generator().manual_seed(0)
     clients = []
