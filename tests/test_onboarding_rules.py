@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import torch
+from by_hand import ce_gradient, softmax_rows
 from test_unseen_clients import assert_same, context, linear_factory, solver, two_task_problem
 
 from fedmerge.algorithms._multimodel import pack
@@ -128,39 +129,67 @@ def test_local_newcomer_trains_the_common_initial_model_alone():
 
 
 # --- a personal model by the method's own objective, from the global model ----------------------------------------
+W, B = "classifier.weight", "classifier.bias"
+
+
+def as_double(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: v.double().clone() for k, v in tensors.items()}
+
+
+def assert_near(got: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
+    """float32 code against a float64 hand run: equal to float32 rounding."""
+    assert got.keys() == expected.keys()
+    for k in got:
+        torch.testing.assert_close(got[k].double(), expected[k], rtol=1e-5, atol=1e-6)
+
+
 def test_pfedme_newcomer_is_a_participants_first_round_from_the_global_model():
-    """The newcomer's theta is what a participant's first client step (the Moreau-envelope inner solve around its
-    local copy of the global model) leaves it, for the budget's epochs; with no budget the global model."""
-    alg = build("pfedme", local_epochs=5)
+    """The newcomer's theta is what a participant's first client step leaves it, for the budget's epochs: per
+    (full) batch, K steps theta -= personal_lr (grad f(theta) + lam (theta - w)), then w -= lr lam (w - theta),
+    from theta = w = the global model. By hand on the linear model; with no budget the global model."""
+    alg = build("pfedme", local_epochs=5, batch_size=64, lam=2.0, personal_lr=0.05, inner_steps=3)
     state = trained(alg.init_server_state())
     glob = alg.global_model(state)
     data = two_task_problem(True)
     assert_same(alg.onboard(received(alg, state, 0), data, context()), glob)
     got = alg.onboard(received(alg, state, 2), data, context())
-    participant = build("pfedme", local_epochs=2)
-    _, after = participant.client_update(received(alg, state, 2), data, participant.init_client_state(CID), context())
-    assert_same(got, after.tensors)
-    assert any(not torch.equal(got[k], glob[k]) for k in glob)
+    theta, w = as_double(glob), as_double(glob)
+    for _epoch in range(2):  # one full batch per epoch
+        for _inner in range(3):
+            grad = dict(zip((W, B), ce_gradient(theta[W], theta[B], data.x_train, data.y_train)))
+            theta = {k: theta[k] - 0.05 * (grad[k] + 2.0 * (theta[k] - w[k])) for k in theta}
+        w = {k: w[k] - 0.1 * 2.0 * (w[k] - theta[k]) for k in w}
+    assert_near(got, theta)
 
 
 def test_apfl_newcomer_mixes_the_global_model_with_v_trained_from_it():
-    """v starts at the global model (alpha at its initial value) and follows APFL's client step for the budget;
-    every evaluated model is the participant's form of (v, w); with no budget v = w: the global model."""
-    alg = build("apfl", local_epochs=5, alpha=0.3, lambda_steps=2)
+    """v starts at the global model (alpha at its initial value) and follows APFL's client step for the budget:
+    per (full) batch, w -= lr grad CE(f_w) and v -= lr grad_v CE(alpha f_v + (1 - alpha) f_w), both from the
+    weights before the step. The evaluated models are the output mixture alpha f_v + (1 - alpha) f_{w_g} and the
+    parameter line (1 - lam) w_g + lam v. By hand on the linear model; with no budget v = w: the global model."""
+    alg = build("apfl", local_epochs=5, alpha=0.3, lambda_steps=2, batch_size=64)
     state = trained(alg.init_server_state())
     glob = alg.global_model(state)
     data, model = two_task_problem(True), linear_factory(torch.Generator())
     for variant in alg.onboard_variants(received(alg, state, 0), data, context()).values():
         torch.testing.assert_close(outputs(model, variant, data.x_test), outputs(model, glob, data.x_test))
     got = alg.onboard_variants(received(alg, state, 2), data, context())
-    participant = build("apfl", local_epochs=2, alpha=0.3, lambda_steps=2)
-    start = ClientState(cloned(glob), {"alpha": 0.3})
-    _, v = participant.client_update(received(alg, state, 2), data, start, context())
-    expected = participant.personalize_variants(received(alg, state, 2), data, v, context())
-    assert set(got) == set(expected) == {"", "lambda=0", "lambda=0.5", "lambda=1"}
-    for key in got:
-        assert torch.equal(outputs(model, got[key], data.x_test), outputs(model, expected[key], data.x_test)), key
-    assert not torch.equal(outputs(model, got["lambda=1"], data.x_test), outputs(model, glob, data.x_test))
+    assert set(got) == {"", "lambda=0", "lambda=0.5", "lambda=1"}
+    x, y = data.x_train.double(), data.y_train
+    w, v = as_double(glob), as_double(glob)
+    for _epoch in range(2):
+        dw = dict(zip((W, B), ce_gradient(w[W], w[B], x, y)))
+        mix = 0.3 * (x @ v[W].T + v[B]) + 0.7 * (x @ w[W].T + w[B])
+        dz = softmax_rows(mix)
+        dz[torch.arange(len(y)), y] -= 1.0
+        dz *= 0.3 / len(y)  # the mixture's gradient reaches v through alpha f_v
+        w, v = {k: w[k] - 0.1 * dw[k] for k in w}, {W: v[W] - 0.1 * dz.T @ x, B: v[B] - 0.1 * dz.sum(0)}
+    g = as_double(glob)
+    assert_near(got["lambda=1"], v)
+    assert_near(got["lambda=0.5"], {k: 0.5 * g[k] + 0.5 * v[k] for k in g})
+    assert_same(got["lambda=0"], glob)
+    expected = 0.3 * (data.x_test.double() @ v[W].T + v[B]) + 0.7 * (data.x_test.double() @ g[W].T + g[B])
+    torch.testing.assert_close(outputs(model, got[""], data.x_test).double(), expected, rtol=1e-5, atol=1e-5)
 
 
 def test_fedproto_newcomer_trains_its_model_toward_the_received_prototypes():
