@@ -283,22 +283,47 @@ def test_fedlora_newcomer_trains_personal_adapter_and_head_with_the_shared_adapt
 
 # --- SuPerFed: the local model on the line, as in training ---------------------------------------------------------
 def test_superfed_newcomer_trains_its_local_model_on_the_line_as_a_participant():
-    alg = build("superfed_mm", local_epochs=5, start_round=1, lambda_steps=2)
+    """Once mixing has started, the newcomer draws its own local model w_l (a participant's initialisation) and
+    trains it with w_f = the global model w_g along the line: per (full) batch, lambda ~ U(0, 1) from its
+    "lambda" stream, W = (1 - lambda) w_f + lambda w_l, loss CE(W) + mu ||w_f - w_g||^2 + nu cos^2(w_f, w_l),
+    both models stepped from the weights before the step. By hand on the linear model; the evaluated line runs
+    from the global model as received (lambda=0) to w_l (lambda=1)."""
+    mu, nu, lr = 0.05, 2.0, 0.1
+    alg = build("superfed_mm", local_epochs=5, start_round=1, lambda_steps=2, batch_size=64, mu=mu, nu=nu)
     state = trained(alg.init_server_state())
     glob = alg.global_model(state)
     data = two_task_problem(True)
     assert alg.onboard_variants(received(alg, state, 0), data, context()).keys() == {""}
     assert_same(alg.onboard_variants(received(alg, state, 0), data, context())[""], glob)
     got = alg.onboard_variants(received(alg, state, 2), data, context())
-    participant = build("superfed_mm", local_epochs=2, start_round=1, lambda_steps=2)
-    _, local = participant.client_update(received(alg, state, 2), data, participant.init_client_state(CID), context())
     assert set(got) == {"", "lambda=0", "lambda=0.5", "lambda=1"}
+    g = as_double(glob)
+    wf, wl = as_double(glob), as_double(alg.init_client_state(CID).tensors)
+    lambdas = torch_generator(0, ROUND, CID, "lambda")
+    for _epoch in range(2):
+        lam = float(torch.rand((), generator=lambdas))
+        grad = dict(zip((W, B), ce_gradient(*((1 - lam) * wf[k] + lam * wl[k] for k in (W, B)), data.x_train,
+                                            data.y_train)))  # fmt: skip
+        num, nf, nl = (sum((a[k] * b[k]).sum() for k in (W, B)) for a, b in ((wf, wl), (wf, wf), (wl, wl)))
+        # d cos^2 / d w_f = 2 num / (nf nl) (w_l - num w_f / nf), and symmetrically for w_l
+        wf, wl = (
+            {k: wf[k] - lr * ((1 - lam) * grad[k] + 2 * mu * (wf[k] - g[k])
+                              + nu * 2 * num / (nf * nl) * (wl[k] - num * wf[k] / nf)) for k in (W, B)},
+            {k: wl[k] - lr * (lam * grad[k] + nu * 2 * num / (nf * nl) * (wf[k] - num * wl[k] / nl)) for k in (W, B)},
+        )  # fmt: skip
+    assert_near(got["lambda=1"], wl)
+    assert_near(got["lambda=0.5"], {k: 0.5 * g[k] + 0.5 * wl[k] for k in g})
     assert_same(got["lambda=0"], glob)  # the federated end is the global model as received
-    assert_same(got["lambda=1"], {**glob, **local.tensors})
-    assert any(not torch.equal(local.tensors[k], v) for k, v in alg.init_client_state(CID).tensors.items())
+    # the default model: the line's point most accurate on the newcomer's training split (it has no validation)
+    x, y = data.x_train.double(), data.y_train
+    line = {key: as_double(got[key]) for key in ("lambda=0", "lambda=0.5", "lambda=1")}
+    accuracy = {key: float(((x @ m[W].T + m[B]).argmax(1) == y).double().mean()) for key, m in line.items()}
+    best = max(accuracy, key=accuracy.get)
+    assert sorted(accuracy.values())[-2] < accuracy[best]  # no tie: the choice is the one by hand
+    assert_same(got[""], got[best])
     # before mixing starts the line is not trained yet: the global model, fine-tuned for the budget
     early = ClientContext(linear_factory(torch.Generator()), torch.device("cpu"), 0, 1, CID)
-    fedavg = build("fedavg")
+    fedavg = build("fedavg", batch_size=64)  # its rule is checked by hand above
     assert_same(
         alg.onboard_variants(received(alg, state, 2), data, early)[""],
         fedavg.onboard(received(fedavg, state, 2), data, early),
