@@ -193,25 +193,35 @@ def test_apfl_newcomer_mixes_the_global_model_with_v_trained_from_it():
 
 
 def test_fedproto_newcomer_trains_its_model_toward_the_received_prototypes():
-    alg = build("fedproto", factory=mlp_factory, local_epochs=5, lam=1.0)
+    """From the common initial model, SGD on CE + lam * MSE(features, prototype of the label), the mean over
+    all B * D feature entries, rows whose class has no prototype contributing zero (class 1 here). By hand
+    with plain tensors (features: ReLU of the hidden layer, the classifier's input), full batches."""
+    alg = build("fedproto", factory=mlp_factory, local_epochs=5, lam=1.0, batch_size=64)
     state = alg.init_server_state()
-    protos = {k: torch.randn(v.shape, generator=torch.Generator().manual_seed(2)) for k, v in state.tensors.items()}
-    state = ServerState(
-        {k: protos[k] if v.is_floating_point() else torch.ones_like(v) for k, v in state.tensors.items()}
-    )
+    protos = torch.randn(state.tensors["fedproto/prototypes"].shape, generator=torch.Generator().manual_seed(2))
+    state = ServerState({"fedproto/prototypes": protos, "fedproto/mask": torch.tensor([True, False])})
     data = two_task_problem(True)
     initial = alg.init_client_state(CID).tensors
     assert_same(alg.onboard(received(alg, state, 0), data, mlp_context()), initial)
     got = alg.onboard(received(alg, state, 2), data, mlp_context())
-    participant = build("fedproto", factory=mlp_factory, local_epochs=2, lam=1.0)
-    _, after = participant.client_update(
-        received(alg, state, 2), data, participant.init_client_state(CID), mlp_context()
-    )
-    assert_same(got, after.tensors)
-    # the prototypes shape it: other prototypes, another model
-    other = ServerState({k: -v if v.is_floating_point() else v for k, v in state.tensors.items()})
-    moved = alg.onboard(received(alg, other, 2), data, mlp_context())
-    assert any(not torch.equal(moved[k], got[k]) for k in got)
+    x, y = data.x_train.double(), data.y_train
+    has = (y == 0).double()[:, None]  # the rows whose class has a prototype
+
+    def by_hand(lam: float) -> dict[str, torch.Tensor]:
+        p = as_double(initial)
+        for _epoch in range(2):
+            leaves = {k: v.requires_grad_(True) for k, v in p.items()}
+            f = torch.relu(x @ leaves["body.1.weight"].T + leaves["body.1.bias"])
+            z = f @ leaves["classifier.weight"].T + leaves["classifier.bias"]
+            pull = (has * (f - protos.double()[y]) ** 2).sum() / f.numel()
+            loss = torch.nn.functional.cross_entropy(z, y) + lam * pull
+            grads = torch.autograd.grad(loss, list(leaves.values()))
+            p = {k: (v - 0.1 * g).detach() for (k, v), g in zip(leaves.items(), grads)}
+        return p
+
+    assert_near(got, by_hand(1.0))
+    without = by_hand(0.0)  # the prototypes shape it: without their pull, another model
+    assert any((got[k].double() - without[k]).abs().max() > 1e-3 for k in got)
 
 
 # --- a personal part trained on the frozen shared part -----------------------------------------------------------
