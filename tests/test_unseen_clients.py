@@ -334,16 +334,25 @@ def test_ditto_newcomer_is_a_hand_run_of_its_objective_from_the_global_model():
 
 
 def test_fedper_newcomer_trains_its_head_on_the_frozen_body():
+    """The shared body as received; the head (its common initialisation) takes SGD steps on the cross-entropy
+    of the frozen features: by hand, one full batch per epoch."""
     factory = lambda g: build_model(MLPConfig(hidden=(8,)), (4,), 2, generator=g)  # noqa: E731
-    fedper = FedPer(FedPerConfig(lr=0.1), factory, 4, 0)
-    body = fedper.init_server_state().tensors
-    payload = onboard_payload(body, 1)
+    fedper = FedPer(FedPerConfig(lr=0.1, batch_size=64), factory, 4, 0)
+    body = {k: v + 0.1 for k, v in fedper.init_server_state().tensors.items()}  # not the initial body
     ctx = ClientContext(factory(torch.Generator().manual_seed(0)), torch.device("cpu"), 0, 3, 9)
-    got = fedper.onboard(payload, two_task_problem(False), ctx)
+    data = two_task_problem(False)
+    got = fedper.onboard(onboard_payload(body, 2), data, ctx)
     head = fedper.init_client_state(9).tensors
+    assert set(head) == {"classifier.weight", "classifier.bias"} and set(body) == {"body.1.weight", "body.1.bias"}
     assert all(torch.equal(got[k], v) for k, v in body.items())  # the shared body as received
-    assert any(not torch.equal(got[k], v) for k, v in head.items())  # the head trained
-    assert_same(fedper.onboard(onboard_payload(body, 0), two_task_problem(False), ctx), {**body, **head})
+    features = torch.relu(data.x_train.double() @ body["body.1.weight"].double().T + body["body.1.bias"].double())
+    weight, bias = head["classifier.weight"].double(), head["classifier.bias"].double()
+    for _epoch in range(2):
+        d_weight, d_bias = ce_gradient(weight, bias, features, data.y_train)
+        weight, bias = weight - 0.1 * d_weight, bias - 0.1 * d_bias
+    torch.testing.assert_close(got["classifier.weight"].double(), weight, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got["classifier.bias"].double(), bias, rtol=1e-5, atol=1e-6)
+    assert_same(fedper.onboard(onboard_payload(body, 0), data, ctx), {**body, **head})
 
 
 @pytest.mark.parametrize("algo", ["fedavg_ft", "fedmerge"])
