@@ -1,5 +1,6 @@
-"""A loopback HTTP server for the download tests: serves bytes the test wrote, honours Range requests,
-and can cut a response short (an interrupted transfer) or refuse a path (404)."""
+"""A loopback HTTP server for the download tests: serves bytes the test wrote, honours Range requests (or,
+for the files named in ``ignore_range``, answers them with the whole file, status 200, as servers without
+range support do), and can cut a response short (an interrupted transfer) or refuse a path (404)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ class Files:
     requests: list[tuple[str, str | None]] = field(default_factory=list)  # (path, Range header)
     delay: float = 0.0  # seconds before each response's body (to make two fetches overlap)
     content_type: dict[str, str] = field(default_factory=dict)  # a path served as e.g. text/html (a login page)
+    ignore_range: set[str] = field(default_factory=set)  # files served whole (200) even when a Range is asked
 
 
 def make_handler(files: Files) -> type[BaseHTTPRequestHandler]:
@@ -30,8 +32,9 @@ def make_handler(files: Files) -> type[BaseHTTPRequestHandler]:
 
         def do_GET(self) -> None:  # noqa: N802
             name = self.path.lstrip("/")
-            rng = self.headers.get("Range")
-            files.requests.append((name, rng))
+            asked = self.headers.get("Range")
+            files.requests.append((name, asked))
+            rng = None if name in files.ignore_range else asked
             data = files.content.get(name)
             if data is None:
                 self.send_error(404)

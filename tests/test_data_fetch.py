@@ -58,6 +58,22 @@ def test_interrupted_download_resumes_with_range(tmp_path: Path) -> None:
     assert only_files(tmp_path) == ["a.bin"]
 
 
+def test_a_resume_answered_with_the_whole_file_replaces_the_partial_bytes(tmp_path: Path) -> None:
+    """A server without range support answers the Range request with status 200 and every byte: those bytes
+    are the file, so they must replace the kept part, not follow it."""
+    with serve({"a.bin": PAYLOAD}) as (base, files):
+        files.cut_after["a.bin"] = 300_000
+        with pytest.raises(DownloadError, match=r"bytes kept"):
+            fetch_file(remote(base), tmp_path, progressbar=False)
+        kept = (tmp_path / ".partial" / "a.bin.part").stat().st_size
+        assert kept > 0
+        files.ignore_range.add("a.bin")
+        fetch_file(remote(base), tmp_path, progressbar=False)
+    assert files.requests[-1] == ("a.bin", f"bytes={kept}-")  # a resume was asked for, the whole file came
+    assert (tmp_path / "a.bin").read_bytes() == PAYLOAD
+    assert only_files(tmp_path) == ["a.bin"]
+
+
 def test_checksum_mismatch_is_one_line_and_leaves_nothing(tmp_path: Path) -> None:
     wrong = "sha256:" + "0" * 64
     with serve({"a.bin": PAYLOAD}) as (base, _):

@@ -42,9 +42,16 @@ def _module_name(path: Path) -> str:
 def _imports(path: Path) -> set[str]:
     """Every fedmerge module ``path`` imports, relative imports resolved."""
     module = _module_name(path)
-    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    return imports_in(path.read_text(), module, is_package=path.name == "__init__.py")
+
+
+def imports_in(source: str, module: str, is_package: bool = False) -> set[str]:
+    """Every fedmerge module ``source`` (the text of ``module``) imports: import statements, and calls of
+    ``importlib.import_module``/``import_module``/``__import__`` whose name is a string literal or an f-string
+    (its text up to the first placeholder, ``{__name__}`` read as ``module``)."""
+    package = module if is_package else module.rpartition(".")[0]
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names if a.name.startswith("fedmerge")}
         elif isinstance(node, ast.ImportFrom):
@@ -56,7 +63,35 @@ def _imports(path: Path) -> set[str]:
             if name.startswith("fedmerge"):
                 found.add(name)
                 found |= {f"{name}.{a.name}" for a in node.names}  # `from pkg import module`
+        elif isinstance(node, ast.Call) and _is_import_call(node.func) and node.args:
+            name = _literal_prefix(node.args[0], module)
+            if name is not None and name.startswith("fedmerge"):
+                found.add(name)
     return found
+
+
+def _is_import_call(func: ast.expr) -> bool:
+    if isinstance(func, ast.Name):
+        return func.id in ("import_module", "__import__")
+    return isinstance(func, ast.Attribute) and func.attr == "import_module"
+
+
+def _literal_prefix(arg: ast.expr, module: str) -> str | None:
+    """The module a string argument names: a literal whole; an f-string up to its first unknown placeholder,
+    cut back to whole dotted parts (``f"fedmerge.cli.{m}"``: ``fedmerge.cli``)."""
+    if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+        return arg.value
+    if not isinstance(arg, ast.JoinedStr):
+        return None
+    text = ""
+    for part in arg.values:
+        if isinstance(part, ast.Constant) and isinstance(part.value, str):
+            text += part.value
+        elif isinstance(part, ast.FormattedValue) and isinstance(part.value, ast.Name) and part.value.id == "__name__":
+            text += module
+        else:
+            return text.rpartition(".")[0] if "." in text else None
+    return text
 
 
 def _graph() -> dict[str, set[str]]:
@@ -67,6 +102,21 @@ def _graph() -> dict[str, set[str]]:
 def _top(module: str) -> str:
     parts = module.split(".")
     return parts[1] if len(parts) > 2 else parts[1].removesuffix(".py")
+
+
+def test_imports_by_name_count_as_imports():
+    """A higher floor reached through importlib or ``__import__`` is an import all the same."""
+    source = """
+import importlib
+from importlib import import_module
+importlib.import_module("fedmerge.cli.app")
+import_module(f"fedmerge.report.{name}")
+__import__("fedmerge.study.spec")
+importlib.import_module(f"{__name__}.fedavg")
+importlib.import_module(plugin_name)
+"""
+    got = imports_in(source, "fedmerge.core.thing")
+    assert got == {"fedmerge.cli.app", "fedmerge.report", "fedmerge.study.spec", "fedmerge.core.thing.fedavg"}
 
 
 def test_every_package_is_on_a_floor():

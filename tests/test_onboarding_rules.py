@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import torch
+from by_hand import ce_gradient, softmax_rows
 from test_unseen_clients import assert_same, context, linear_factory, solver, two_task_problem
 
 from fedmerge.algorithms._multimodel import pack
@@ -128,61 +129,99 @@ def test_local_newcomer_trains_the_common_initial_model_alone():
 
 
 # --- a personal model by the method's own objective, from the global model ----------------------------------------
+W, B = "classifier.weight", "classifier.bias"
+
+
+def as_double(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: v.double().clone() for k, v in tensors.items()}
+
+
+def assert_near(got: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
+    """float32 code against a float64 hand run: equal to float32 rounding."""
+    assert got.keys() == expected.keys()
+    for k in got:
+        torch.testing.assert_close(got[k].double(), expected[k], rtol=1e-5, atol=1e-6)
+
+
 def test_pfedme_newcomer_is_a_participants_first_round_from_the_global_model():
-    """The newcomer's theta is what a participant's first client step (the Moreau-envelope inner solve around its
-    local copy of the global model) leaves it, for the budget's epochs; with no budget the global model."""
-    alg = build("pfedme", local_epochs=5)
+    """The newcomer's theta is what a participant's first client step leaves it, for the budget's epochs: per
+    (full) batch, K steps theta -= personal_lr (grad f(theta) + lam (theta - w)), then w -= lr lam (w - theta),
+    from theta = w = the global model. By hand on the linear model; with no budget the global model."""
+    alg = build("pfedme", local_epochs=5, batch_size=64, lam=2.0, personal_lr=0.05, inner_steps=3)
     state = trained(alg.init_server_state())
     glob = alg.global_model(state)
     data = two_task_problem(True)
     assert_same(alg.onboard(received(alg, state, 0), data, context()), glob)
     got = alg.onboard(received(alg, state, 2), data, context())
-    participant = build("pfedme", local_epochs=2)
-    _, after = participant.client_update(received(alg, state, 2), data, participant.init_client_state(CID), context())
-    assert_same(got, after.tensors)
-    assert any(not torch.equal(got[k], glob[k]) for k in glob)
+    theta, w = as_double(glob), as_double(glob)
+    for _epoch in range(2):  # one full batch per epoch
+        for _inner in range(3):
+            grad = dict(zip((W, B), ce_gradient(theta[W], theta[B], data.x_train, data.y_train)))
+            theta = {k: theta[k] - 0.05 * (grad[k] + 2.0 * (theta[k] - w[k])) for k in theta}
+        w = {k: w[k] - 0.1 * 2.0 * (w[k] - theta[k]) for k in w}
+    assert_near(got, theta)
 
 
 def test_apfl_newcomer_mixes_the_global_model_with_v_trained_from_it():
-    """v starts at the global model (alpha at its initial value) and follows APFL's client step for the budget;
-    every evaluated model is the participant's form of (v, w); with no budget v = w: the global model."""
-    alg = build("apfl", local_epochs=5, alpha=0.3, lambda_steps=2)
+    """v starts at the global model (alpha at its initial value) and follows APFL's client step for the budget:
+    per (full) batch, w -= lr grad CE(f_w) and v -= lr grad_v CE(alpha f_v + (1 - alpha) f_w), both from the
+    weights before the step. The evaluated models are the output mixture alpha f_v + (1 - alpha) f_{w_g} and the
+    parameter line (1 - lam) w_g + lam v. By hand on the linear model; with no budget v = w: the global model."""
+    alg = build("apfl", local_epochs=5, alpha=0.3, lambda_steps=2, batch_size=64)
     state = trained(alg.init_server_state())
     glob = alg.global_model(state)
     data, model = two_task_problem(True), linear_factory(torch.Generator())
     for variant in alg.onboard_variants(received(alg, state, 0), data, context()).values():
         torch.testing.assert_close(outputs(model, variant, data.x_test), outputs(model, glob, data.x_test))
     got = alg.onboard_variants(received(alg, state, 2), data, context())
-    participant = build("apfl", local_epochs=2, alpha=0.3, lambda_steps=2)
-    start = ClientState(cloned(glob), {"alpha": 0.3})
-    _, v = participant.client_update(received(alg, state, 2), data, start, context())
-    expected = participant.personalize_variants(received(alg, state, 2), data, v, context())
-    assert set(got) == set(expected) == {"", "lambda=0", "lambda=0.5", "lambda=1"}
-    for key in got:
-        assert torch.equal(outputs(model, got[key], data.x_test), outputs(model, expected[key], data.x_test)), key
-    assert not torch.equal(outputs(model, got["lambda=1"], data.x_test), outputs(model, glob, data.x_test))
+    assert set(got) == {"", "lambda=0", "lambda=0.5", "lambda=1"}
+    x, y = data.x_train.double(), data.y_train
+    w, v = as_double(glob), as_double(glob)
+    for _epoch in range(2):
+        dw = dict(zip((W, B), ce_gradient(w[W], w[B], x, y)))
+        mix = 0.3 * (x @ v[W].T + v[B]) + 0.7 * (x @ w[W].T + w[B])
+        dz = softmax_rows(mix)
+        dz[torch.arange(len(y)), y] -= 1.0
+        dz *= 0.3 / len(y)  # the mixture's gradient reaches v through alpha f_v
+        w, v = {k: w[k] - 0.1 * dw[k] for k in w}, {W: v[W] - 0.1 * dz.T @ x, B: v[B] - 0.1 * dz.sum(0)}
+    g = as_double(glob)
+    assert_near(got["lambda=1"], v)
+    assert_near(got["lambda=0.5"], {k: 0.5 * g[k] + 0.5 * v[k] for k in g})
+    assert_same(got["lambda=0"], glob)
+    expected = 0.3 * (data.x_test.double() @ v[W].T + v[B]) + 0.7 * (data.x_test.double() @ g[W].T + g[B])
+    torch.testing.assert_close(outputs(model, got[""], data.x_test).double(), expected, rtol=1e-5, atol=1e-5)
 
 
 def test_fedproto_newcomer_trains_its_model_toward_the_received_prototypes():
-    alg = build("fedproto", factory=mlp_factory, local_epochs=5, lam=1.0)
+    """From the common initial model, SGD on CE + lam * MSE(features, prototype of the label), the mean over
+    all B * D feature entries, rows whose class has no prototype contributing zero (class 1 here). By hand
+    with plain tensors (features: ReLU of the hidden layer, the classifier's input), full batches."""
+    alg = build("fedproto", factory=mlp_factory, local_epochs=5, lam=1.0, batch_size=64)
     state = alg.init_server_state()
-    protos = {k: torch.randn(v.shape, generator=torch.Generator().manual_seed(2)) for k, v in state.tensors.items()}
-    state = ServerState(
-        {k: protos[k] if v.is_floating_point() else torch.ones_like(v) for k, v in state.tensors.items()}
-    )
+    protos = torch.randn(state.tensors["fedproto/prototypes"].shape, generator=torch.Generator().manual_seed(2))
+    state = ServerState({"fedproto/prototypes": protos, "fedproto/mask": torch.tensor([True, False])})
     data = two_task_problem(True)
     initial = alg.init_client_state(CID).tensors
     assert_same(alg.onboard(received(alg, state, 0), data, mlp_context()), initial)
     got = alg.onboard(received(alg, state, 2), data, mlp_context())
-    participant = build("fedproto", factory=mlp_factory, local_epochs=2, lam=1.0)
-    _, after = participant.client_update(
-        received(alg, state, 2), data, participant.init_client_state(CID), mlp_context()
-    )
-    assert_same(got, after.tensors)
-    # the prototypes shape it: other prototypes, another model
-    other = ServerState({k: -v if v.is_floating_point() else v for k, v in state.tensors.items()})
-    moved = alg.onboard(received(alg, other, 2), data, mlp_context())
-    assert any(not torch.equal(moved[k], got[k]) for k in got)
+    x, y = data.x_train.double(), data.y_train
+    has = (y == 0).double()[:, None]  # the rows whose class has a prototype
+
+    def by_hand(lam: float) -> dict[str, torch.Tensor]:
+        p = as_double(initial)
+        for _epoch in range(2):
+            leaves = {k: v.requires_grad_(True) for k, v in p.items()}
+            f = torch.relu(x @ leaves["body.1.weight"].T + leaves["body.1.bias"])
+            z = f @ leaves["classifier.weight"].T + leaves["classifier.bias"]
+            pull = (has * (f - protos.double()[y]) ** 2).sum() / f.numel()
+            loss = torch.nn.functional.cross_entropy(z, y) + lam * pull
+            grads = torch.autograd.grad(loss, list(leaves.values()))
+            p = {k: (v - 0.1 * g).detach() for (k, v), g in zip(leaves.items(), grads)}
+        return p
+
+    assert_near(got, by_hand(1.0))
+    without = by_hand(0.0)  # the prototypes shape it: without their pull, another model
+    assert any((got[k].double() - without[k]).abs().max() > 1e-3 for k in got)
 
 
 # --- a personal part trained on the frozen shared part -----------------------------------------------------------
@@ -254,22 +293,47 @@ def test_fedlora_newcomer_trains_personal_adapter_and_head_with_the_shared_adapt
 
 # --- SuPerFed: the local model on the line, as in training ---------------------------------------------------------
 def test_superfed_newcomer_trains_its_local_model_on_the_line_as_a_participant():
-    alg = build("superfed_mm", local_epochs=5, start_round=1, lambda_steps=2)
+    """Once mixing has started, the newcomer draws its own local model w_l (a participant's initialisation) and
+    trains it with w_f = the global model w_g along the line: per (full) batch, lambda ~ U(0, 1) from its
+    "lambda" stream, W = (1 - lambda) w_f + lambda w_l, loss CE(W) + mu ||w_f - w_g||^2 + nu cos^2(w_f, w_l),
+    both models stepped from the weights before the step. By hand on the linear model; the evaluated line runs
+    from the global model as received (lambda=0) to w_l (lambda=1)."""
+    mu, nu, lr = 0.05, 2.0, 0.1
+    alg = build("superfed_mm", local_epochs=5, start_round=1, lambda_steps=2, batch_size=64, mu=mu, nu=nu)
     state = trained(alg.init_server_state())
     glob = alg.global_model(state)
     data = two_task_problem(True)
     assert alg.onboard_variants(received(alg, state, 0), data, context()).keys() == {""}
     assert_same(alg.onboard_variants(received(alg, state, 0), data, context())[""], glob)
     got = alg.onboard_variants(received(alg, state, 2), data, context())
-    participant = build("superfed_mm", local_epochs=2, start_round=1, lambda_steps=2)
-    _, local = participant.client_update(received(alg, state, 2), data, participant.init_client_state(CID), context())
     assert set(got) == {"", "lambda=0", "lambda=0.5", "lambda=1"}
+    g = as_double(glob)
+    wf, wl = as_double(glob), as_double(alg.init_client_state(CID).tensors)
+    lambdas = torch_generator(0, ROUND, CID, "lambda")
+    for _epoch in range(2):
+        lam = float(torch.rand((), generator=lambdas))
+        grad = dict(zip((W, B), ce_gradient(*((1 - lam) * wf[k] + lam * wl[k] for k in (W, B)), data.x_train,
+                                            data.y_train)))  # fmt: skip
+        num, nf, nl = (sum((a[k] * b[k]).sum() for k in (W, B)) for a, b in ((wf, wl), (wf, wf), (wl, wl)))
+        # d cos^2 / d w_f = 2 num / (nf nl) (w_l - num w_f / nf), and symmetrically for w_l
+        wf, wl = (
+            {k: wf[k] - lr * ((1 - lam) * grad[k] + 2 * mu * (wf[k] - g[k])
+                              + nu * 2 * num / (nf * nl) * (wl[k] - num * wf[k] / nf)) for k in (W, B)},
+            {k: wl[k] - lr * (lam * grad[k] + nu * 2 * num / (nf * nl) * (wf[k] - num * wl[k] / nl)) for k in (W, B)},
+        )  # fmt: skip
+    assert_near(got["lambda=1"], wl)
+    assert_near(got["lambda=0.5"], {k: 0.5 * g[k] + 0.5 * wl[k] for k in g})
     assert_same(got["lambda=0"], glob)  # the federated end is the global model as received
-    assert_same(got["lambda=1"], {**glob, **local.tensors})
-    assert any(not torch.equal(local.tensors[k], v) for k, v in alg.init_client_state(CID).tensors.items())
+    # the default model: the line's point most accurate on the newcomer's training split (it has no validation)
+    x, y = data.x_train.double(), data.y_train
+    line = {key: as_double(got[key]) for key in ("lambda=0", "lambda=0.5", "lambda=1")}
+    accuracy = {key: float(((x @ m[W].T + m[B]).argmax(1) == y).double().mean()) for key, m in line.items()}
+    best = max(accuracy, key=accuracy.get)
+    assert sorted(accuracy.values())[-2] < accuracy[best]  # no tie: the choice is the one by hand
+    assert_same(got[""], got[best])
     # before mixing starts the line is not trained yet: the global model, fine-tuned for the budget
     early = ClientContext(linear_factory(torch.Generator()), torch.device("cpu"), 0, 1, CID)
-    fedavg = build("fedavg")
+    fedavg = build("fedavg", batch_size=64)  # its rule is checked by hand above
     assert_same(
         alg.onboard_variants(received(alg, state, 2), data, early)[""],
         fedavg.onboard(received(fedavg, state, 2), data, early),

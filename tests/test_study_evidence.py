@@ -65,6 +65,42 @@ def test_the_bootstrap_of_many_clients_is_the_normal_interval_and_is_seeded():
     assert bootstrap_interval([values], seed=1) != (estimate, low, high)
 
 
+def test_the_bootstrap_resamples_the_clients_afresh_for_every_draw_of_a_seed():
+    """Seeds whose clients hold the same values: the seed level adds nothing, so each resample's statistic is
+    the mean of k * n independent draws from those values, and the interval is, by the central limit theorem,
+    mean +- 1.96 sd / sqrt(k n) (sd with ddof 0). A seed drawn twice in a resample must get two independent
+    client resamples: one resample shared by its copies would widen the interval by sqrt((2k - 1) / k)."""
+    values = np.random.default_rng(4).normal(0.0, 1.0, size=100)
+    k = 3
+    estimate, low, high = bootstrap_interval([values] * k, seed=0)
+    half = 1.96 * values.std() / math.sqrt(k * len(values))
+    assert estimate == pytest.approx(values.mean())
+    assert low == pytest.approx(values.mean() - half, abs=0.08 * half)
+    assert high == pytest.approx(values.mean() + half, abs=0.08 * half)
+
+
+def reference_bootstrap(groups: list[np.ndarray], resamples: int, seed: int) -> tuple[float, float]:
+    """The two-level bootstrap written as its definition, one resample at a time: draw k seeds with
+    replacement, then for each drawn seed its clients with replacement; the mean of the seeds' means."""
+    rng = np.random.default_rng(seed)
+    stats = []
+    for _ in range(resamples):
+        places = rng.integers(0, len(groups), size=len(groups))
+        stats.append(np.mean([rng.choice(groups[s], size=len(groups[s])).mean() for s in places]))
+    low, high = np.quantile(stats, [0.025, 0.975])
+    return float(low), float(high)
+
+
+def test_the_bootstrap_agrees_with_a_resample_by_resample_reference():
+    rng = np.random.default_rng(5)
+    groups = [rng.normal(mu, sd, size=n) for mu, sd, n in ((0.02, 0.1, 30), (0.05, 0.2, 45), (0.0, 0.15, 25),
+                                                           (0.03, 0.1, 60))]  # fmt: skip
+    _, low, high = bootstrap_interval(groups, seed=0)
+    ref_low, ref_high = reference_bootstrap(groups, 20_000, seed=1)
+    width = ref_high - ref_low
+    assert low == pytest.approx(ref_low, abs=0.05 * width) and high == pytest.approx(ref_high, abs=0.05 * width)
+
+
 @pytest.mark.parametrize(
     "low, high, word",
     [
@@ -222,6 +258,23 @@ def test_a_reference_stored_without_validation_is_read_on_test_and_the_report_sa
     assert (check["reference"], check["local"], check["fedavg"]) == pytest.approx((0.95, 0.50, 0.80))
     assert "**The check read the test split** on seeds [0]" in report(done)
     assert results_json(done)["regime"][0]["split"] == TEST
+
+
+def test_verdicts_are_provisional_where_the_regime_is_not_kept_on_every_seed(tmp_path):
+    """Verdicts count as evidence only where both bars are met on every seed (docs/reproductions/README.md):
+    seed 1's reference is 0.85 on validation, FedAvg (0.78) within 10 points of it, so 2 of 3 seeds keep it."""
+    study = two_row_study([0, 1, 2])
+    for seed in (0, 1, 2):
+        write_run(tmp_path, run_key("Local", 0, seed), [0.5] * 4, val=[0.7] * 4)
+        write_run(tmp_path, run_key("FedAvg", 0, seed), [0.8] * 4, val=[0.78] * 4)
+    references = {s: regime_reference(val=True) for s in (0, 2)}
+    references[1] = {**regime_reference(val=True), "val_mean": 0.85}
+    text = report(Conducted(study, [study], tmp_path, CHOSEN, references))
+    (row,) = [line for line in text.splitlines() if line.startswith("| - | FedAvg > Local")]
+    assert row.endswith("| **reproduced** (provisional) |"), row
+    assert "Every verdict is **provisional**: the regime is kept on 2 of 3 seeds" in text
+    kept = report(Conducted(study, [study], tmp_path, CHOSEN, {s: regime_reference(val=True) for s in (0, 1, 2)}))
+    assert "| **reproduced** |" in kept and "(provisional)" not in kept and "**provisional**" not in kept
 
 
 def test_the_central_reference_scores_each_clients_validation_split():

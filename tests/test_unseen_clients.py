@@ -10,6 +10,7 @@ from dataclasses import replace
 import pytest
 import torch
 import yaml
+from by_hand import ce_gradient
 from helpers import assert_runs_identical, quick_config, run, strip_timing
 
 from fedmerge.algorithms.ditto import Ditto, DittoConfig
@@ -250,6 +251,56 @@ def test_fedmerge_newcomer_logits_favour_the_model_of_its_own_task(flip):
     torch.testing.assert_close(flat, merged)
 
 
+def fedmerge_payload(fm: FedMerge, models: list[dict[str, torch.Tensor]], epochs: int) -> Payload:
+    theta = torch.empty(len(models), fm.layout.num_floats)
+    for j, m in enumerate(models):
+        fm.layout.flatten_into(m, theta[j])
+    return onboard_payload({"theta": theta, "counters": torch.zeros(len(models), 0, dtype=torch.int64)}, epochs)
+
+
+THREE = [{k: 0.3 * v for k, v in solver(1.0).items()}, {k: 0.3 * v for k, v in solver(-1.0).items()},
+         {"classifier.weight": torch.tensor([[0.1, -0.2, 0.3, 0.0], [0.0, 0.2, -0.1, 0.4]]),
+          "classifier.bias": torch.tensor([0.05, -0.05])}]  # fmt: skip
+
+
+def test_fedmerge_fixed_newcomer_keeps_its_seeded_models_and_learns_no_logits():
+    """merge_weights: fixed freezes every client's merge, a newcomer's too: whatever the budget, its logits are
+    0 on the fixed_k models a participant with its id is given and -inf elsewhere, and its merge is the plain
+    mean of those models. With fixed_k=2 of 3 the two finite logits would move under SGD (with one they
+    could not: a single finite logit has no gradient)."""
+    cfg = FedMergeConfig(num_models=3, merge_weights="fixed", fixed_k=2, lr=0.1, onboard_lr=1.0, batch_size=64)
+    fm = FedMerge(cfg, linear_factory, 10, 0)
+    participant = fm.init_server_state().tensors["logits"][9]  # client 9's seeded models, as a participant
+    chosen = torch.isfinite(participant).nonzero().flatten().tolist()
+    assert len(chosen) == 2 and participant[chosen].eq(0).all()
+    data = two_task_problem(True)
+    for epochs in (0, 1, 3):
+        logits = fm.newcomer_logits(fedmerge_payload(fm, THREE, epochs), data, context())
+        assert torch.equal(logits, participant), (epochs, logits)
+    merged = fm.onboard_variants(fedmerge_payload(fm, THREE, 2), data, context())["merge_only"]
+    for k in merged:
+        torch.testing.assert_close(merged[k], (THREE[chosen[0]][k] + THREE[chosen[1]][k]) / 2)
+
+
+def test_fedmerge_dynamic_newcomer_takes_the_hand_computed_logit_step():
+    """merge_weights: dynamic: one full-batch epoch is one SGD step on the logits a (from 0) of the task loss of
+    softmax(a) @ Theta. By hand: with g_j = <dL/dtheta, Theta_j> at the merged model theta, dL/da_j =
+    w_j (g_j - sum_k w_k g_k)."""
+    cfg = FedMergeConfig(num_models=3, lr=0.1, onboard_lr=1.0, batch_size=64)
+    fm = FedMerge(cfg, linear_factory, 10, 0)
+    data = two_task_problem(True)
+    got = fm.newcomer_logits(fedmerge_payload(fm, THREE, 1), data, context())
+    w = torch.full((3,), 1 / 3, dtype=torch.float64)
+    weight = sum(w[j] * THREE[j]["classifier.weight"].double() for j in range(3))
+    bias = sum(w[j] * THREE[j]["classifier.bias"].double() for j in range(3))
+    d_weight, d_bias = ce_gradient(weight, bias, data.x_train, data.y_train)
+    g = torch.stack([(d_weight * m["classifier.weight"].double()).sum() + (d_bias * m["classifier.bias"].double()).sum()
+                     for m in THREE])  # fmt: skip
+    expected = -cfg.onboard_lr * w * (g - (w * g).sum())
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-7)
+    assert expected.abs().min() > 1e-3  # a step every logit takes
+
+
 @pytest.mark.parametrize("flip", [False, True])
 def test_fedem_newcomer_mixture_weights_by_em_favour_its_component(flip):
     from fedmerge.algorithms._multimodel import pack
@@ -283,16 +334,25 @@ def test_ditto_newcomer_is_a_hand_run_of_its_objective_from_the_global_model():
 
 
 def test_fedper_newcomer_trains_its_head_on_the_frozen_body():
+    """The shared body as received; the head (its common initialisation) takes SGD steps on the cross-entropy
+    of the frozen features: by hand, one full batch per epoch."""
     factory = lambda g: build_model(MLPConfig(hidden=(8,)), (4,), 2, generator=g)  # noqa: E731
-    fedper = FedPer(FedPerConfig(lr=0.1), factory, 4, 0)
-    body = fedper.init_server_state().tensors
-    payload = onboard_payload(body, 1)
+    fedper = FedPer(FedPerConfig(lr=0.1, batch_size=64), factory, 4, 0)
+    body = {k: v + 0.1 for k, v in fedper.init_server_state().tensors.items()}  # not the initial body
     ctx = ClientContext(factory(torch.Generator().manual_seed(0)), torch.device("cpu"), 0, 3, 9)
-    got = fedper.onboard(payload, two_task_problem(False), ctx)
+    data = two_task_problem(False)
+    got = fedper.onboard(onboard_payload(body, 2), data, ctx)
     head = fedper.init_client_state(9).tensors
+    assert set(head) == {"classifier.weight", "classifier.bias"} and set(body) == {"body.1.weight", "body.1.bias"}
     assert all(torch.equal(got[k], v) for k, v in body.items())  # the shared body as received
-    assert any(not torch.equal(got[k], v) for k, v in head.items())  # the head trained
-    assert_same(fedper.onboard(onboard_payload(body, 0), two_task_problem(False), ctx), {**body, **head})
+    features = torch.relu(data.x_train.double() @ body["body.1.weight"].double().T + body["body.1.bias"].double())
+    weight, bias = head["classifier.weight"].double(), head["classifier.bias"].double()
+    for _epoch in range(2):
+        d_weight, d_bias = ce_gradient(weight, bias, features, data.y_train)
+        weight, bias = weight - 0.1 * d_weight, bias - 0.1 * d_bias
+    torch.testing.assert_close(got["classifier.weight"].double(), weight, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got["classifier.bias"].double(), bias, rtol=1e-5, atol=1e-6)
+    assert_same(fedper.onboard(onboard_payload(body, 0), data, ctx), {**body, **head})
 
 
 @pytest.mark.parametrize("algo", ["fedavg_ft", "fedmerge"])

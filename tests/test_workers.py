@@ -20,11 +20,17 @@ from fedmerge.cli import app
 from fedmerge.config.schema import ConfigError, load_config
 from fedmerge.core.algorithm import ALGORITHMS
 from fedmerge.core.loop import RoundFailed
+from fedmerge.core.registry import ComponentConfig
+from fedmerge.core.seeding import torch_generator
+from fedmerge.core.training import LocalTraining, local_sgd
 from fedmerge.engines import workers
 from fedmerge.engines.grouped_eval import forward_batches
 from fedmerge.engines.local import LocalEngine
 from fedmerge.engines.workers import Channel
+from fedmerge.models import MODELS, build_model
 from fedmerge.models.cnn import TwoCNN
+from fedmerge.models.mlp import MLP
+from fedmerge.models.registry import flat_size
 from fedmerge.run.runner import run_experiment
 
 # The TwoNN of the shipped SuPerFed config, 5 clients x 2 classes: big enough for multi-threaded kernels.
@@ -47,6 +53,22 @@ class FaultyFedAvg(FedAvg):
                 os.kill(os.getpid(), signal.SIGKILL)
             raise ValueError("injected failure of client 1 in round 2")
         return super().client_update(payload, data, state, ctx)
+
+
+class DropoutMLPConfig(ComponentConfig):
+    name: Literal["test_dropout_mlp"] = "test_dropout_mlp"
+
+
+@MODELS.register("test_dropout_mlp", config=DropoutMLPConfig, description="test only: an MLP with dropout")
+def build_dropout_mlp(cfg: DropoutMLPConfig, input_shape: tuple[int, ...], num_classes: int) -> torch.nn.Module:
+    """Training draws from torch's global RNG (dropout masks): a worker that seeded it otherwise than the
+    client's own (seed, round, client) changes the numbers."""
+    model = MLP(flat_size(input_shape), (32,), num_classes)
+    model.body.append(torch.nn.Dropout(0.5))
+    return model
+
+
+DROPOUT = ["model.name=test_dropout_mlp"]
 
 
 @pytest.fixture(autouse=True)
@@ -118,8 +140,29 @@ def test_a_pass_in_the_workers_keeps_the_rows_layout_and_every_bit():
         engine.close()
 
 
-def test_resume_on_workers_is_bit_identical(tmp_path):
-    case = ["algorithm.name=ditto", "participation=0.5", "rounds=4"]
+def test_the_dropout_model_draws_from_the_global_rng_in_training():
+    """What makes the two tests below able to fail: its training depends on the global RNG's state."""
+    x, y = torch.randn(64, 4, generator=torch.Generator().manual_seed(0)), torch.arange(64) % 2
+    trained = []
+    for global_seed in (1, 2):
+        model = build_model({"name": "test_dropout_mlp"}, (4,), 2, torch.Generator().manual_seed(0))
+        torch.manual_seed(global_seed)
+        local_sgd(model, x, y, LocalTraining(lr=0.1, batch_size=16), torch_generator(0, 1, 0, "train"))
+        trained.append(model.state_dict())
+    assert any(not torch.equal(trained[0][k], trained[1][k]) for k in trained[0])
+
+
+@pytest.mark.parametrize("algorithm", ["fedavg", "ditto"])
+def test_a_model_with_dropout_gives_the_same_bits_on_one_and_two_workers(tmp_path, algorithm):
+    case = [*DROPOUT, f"algorithm.name={algorithm}", "rounds=3", "participation=0.5"]
+    one = run(quick_config(*case, "workers=1"), tmp_path / "one")
+    two = run(quick_config(*case, "workers=2"), tmp_path / "two")
+    assert_runs_identical(one.run_dir, two.run_dir)
+
+
+@pytest.mark.parametrize("model", [[], DROPOUT], ids=["mlp", "dropout"])
+def test_resume_on_workers_is_bit_identical(tmp_path, model):
+    case = [*model, "algorithm.name=ditto", "participation=0.5", "rounds=4"]
     full = run(quick_config(*case, "workers=1"), tmp_path / "full")  # uninterrupted
     run(quick_config(*case, "workers=2"), tmp_path / "cut", stop_after=2)
     # the worker count may change on resume: it changes no number
