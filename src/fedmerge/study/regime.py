@@ -40,6 +40,7 @@ from fedmerge.models import build_model
 
 LOCAL_GAP = 15.0  # points Local must sit below the central reference
 FEDAVG_GAP = 10.0  # points FedAvg must sit below it
+MIN_KEPT_SEEDS = 3  # seeds that must keep the regime before a study's verdicts count as evidence
 
 Scope = Literal["auto", "group", "all"]
 VAL, TEST = "val", "test"  # the split a regime check reads

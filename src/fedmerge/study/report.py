@@ -18,7 +18,15 @@ from fedmerge.run.provenance import read_provenance
 from fedmerge.study.claims import count_text, git_root, late_declarations, mark_late, paper_claims
 from fedmerge.study.evidence import BOOTSTRAP_RESAMPLES, MIN_BOOTSTRAP_CLIENTS, judge, noise_floor
 from fedmerge.study.protocol import Conducted, extra_score, score_on_test, summary_of, val_score
-from fedmerge.study.regime import FEDAVG_GAP, LOCAL_GAP, TEST, reference_means, reference_split, regime_check
+from fedmerge.study.regime import (
+    FEDAVG_GAP,
+    LOCAL_GAP,
+    MIN_KEPT_SEEDS,
+    TEST,
+    reference_means,
+    reference_split,
+    regime_check,
+)
 from fedmerge.study.spec import Study, explored_history, run_key
 from fedmerge.sweep.launch import finished_run
 
@@ -393,6 +401,8 @@ def report(done: Conducted) -> str:
         reference_text=reference_settings_text(study),
         checks=checks,
         kept=all(c["passes"] for c in checks),
+        provisional=sum(c["passes"] for c in checks) < MIN_KEPT_SEEDS,
+        min_kept_seeds=MIN_KEPT_SEEDS,
         mean_gaps=(
             (statistics.mean(c["local_gap"] for c in checks), statistics.mean(c["fedavg_gap"] for c in checks))
             if checks
