@@ -7,13 +7,13 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from fedmerge.config.schema import ConfigError, ExperimentConfig, load_config
+from fedmerge.config.schema import ExperimentConfig, load_config
 from fedmerge.config.tuned import load_tuned_config
 from fedmerge.data import FederatedDataset
 from fedmerge.run.execute import execute
-from fedmerge.run.plan import Notify, RunSource, plan_run, silent
+from fedmerge.run.plan import Notify, RunSource, plan_run, refuse, silent
 from fedmerge.run.recorder import RunResult, Segment
-from fedmerge.run.results import CONFIG_FILE, FEDERATION_FILE, RunStore, check_new_run_folder
+from fedmerge.run.results import CONFIG_FILE, FEDERATION_FILE, new_run_folder_problem
 from fedmerge.run.resume import RESUME_OVERRIDABLE
 from fedmerge.run.setup import open_run_folder, resume_point
 from fedmerge.run.summary import TIMING_KEYS
@@ -81,29 +81,13 @@ def run_from_files(
 ) -> RunResult:
     """``run_dir``: create the run in exactly this folder (``--out``; ``fedmerge sweep``); ``tuned``: a
     ``fedmerge tune`` file whose values for the config's algorithm apply under ``overrides``."""
-    if checkpoint is not None and resume_dir is None:
-        raise ConfigError("--checkpoint only applies with --resume RUN_DIR")
-    if resume_dir is not None and (run_dir is not None or tuned is not None):
-        raise ConfigError(f"{'--out' if run_dir is not None else '--tuned'} does not apply with --resume")
+    refuse([arguments_problem(config_path, overrides, resume_dir, checkpoint, run_dir, tuned, deployment)])
     if resume_dir is not None:
-        if not Path(resume_dir).exists():
-            raise ConfigError(f"--resume {resume_dir}: the folder does not exist")
-        if not (Path(resume_dir) / CONFIG_FILE).is_file():
-            raise ConfigError(f"--resume {resume_dir}: no {CONFIG_FILE} there; is it a run folder?")
-        check_resume_place(Path(resume_dir), deployment)
-        store = RunStore(resume_dir)
-        bad = [o for o in overrides if o.partition("=")[0] not in RESUME_OVERRIDABLE]
-        if bad or config_path is not None:
-            raise ConfigError(
-                f"cannot change {bad[0].partition('=')[0] if bad else 'the config file'} when resuming; "
-                f"only {sorted(RESUME_OVERRIDABLE)} may be overridden"
-            )
-        cfg = load_config(store.read_config_path(), overrides, resolve_paths=False)  # as recorded
-        where: dict[str, Any] = {"run_dir": store.dir, "resume": True, "checkpoint": checkpoint}
+        cfg = load_config(Path(resume_dir) / CONFIG_FILE, overrides, resolve_paths=False)  # as recorded
+        where: dict[str, Any] = {"run_dir": Path(resume_dir), "resume": True, "checkpoint": checkpoint}
     else:
         cfg = load_tuned_config(config_path, overrides, tuned) if tuned else load_config(config_path, overrides)
-        if run_dir is not None:
-            check_new_run_folder(run_dir, "--out")
+        refuse([new_run_folder_problem(run_dir, "--out") if run_dir is not None else None])
         where = {"run_dir": run_dir}
     return run_experiment(
         cfg,
@@ -117,20 +101,52 @@ def run_from_files(
     )
 
 
-def check_resume_place(run_dir: Path, deployment: bool) -> None:
+def arguments_problem(
+    config_path: str | None,
+    overrides: list[str],
+    resume_dir: str | None,
+    checkpoint: str | None,
+    run_dir: str | None,
+    tuned: str | None,
+    deployment: bool,
+) -> str | None:
+    """Why ``run_from_files``'s arguments do not make a run or a resume (one line), or None."""
+    if checkpoint is not None and resume_dir is None:
+        return "--checkpoint only applies with --resume RUN_DIR"
+    if resume_dir is None:
+        return None
+    if run_dir is not None or tuned is not None:
+        return f"{'--out' if run_dir is not None else '--tuned'} does not apply with --resume"
+    if not Path(resume_dir).exists():
+        return f"--resume {resume_dir}: the folder does not exist"
+    if not (Path(resume_dir) / CONFIG_FILE).is_file():
+        return f"--resume {resume_dir}: no {CONFIG_FILE} there; is it a run folder?"
+    if (problem := resume_place_problem(Path(resume_dir), deployment)) is not None:
+        return problem
+    bad = [o for o in overrides if o.partition("=")[0] not in RESUME_OVERRIDABLE]
+    if bad or config_path is not None:
+        return (
+            f"cannot change {bad[0].partition('=')[0] if bad else 'the config file'} when resuming; "
+            f"only {sorted(RESUME_OVERRIDABLE)} may be overridden"
+        )
+    return None
+
+
+def resume_place_problem(run_dir: Path, deployment: bool) -> str | None:
     """A deployed run (its folder has ``federation.json``) continues only on its SuperLink, with the nodes
     that hold its clients' data and states; any other run only where it started."""
     deployed = (run_dir / FEDERATION_FILE).is_file()
     if deployed and not deployment:
-        raise ConfigError(
+        return (
             f"{run_dir} is a deployed run: its clients' data and states are on its SuperNodes. Resume it through "
             f"its SuperLink: fedmerge deploy run SUPERLINK --resume {run_dir}  (or: flwr run APP SUPERLINK "
             f"--stream --run-config 'resume=\"{run_dir}\"')"
         )
     if deployment and not deployed:
-        raise ConfigError(
+        return (
             f"{run_dir} is not a deployed run (no {FEDERATION_FILE}); continue it with: fedmerge run --resume {run_dir}"
         )
+    return None
 
 
 __all__ = ["RunResult", "run_experiment", "run_from_files", "TIMING_KEYS", "RESUME_OVERRIDABLE"]
