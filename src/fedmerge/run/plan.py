@@ -126,19 +126,15 @@ def state_problem(cfg: ExperimentConfig, source: RunSource) -> str | None:
 def config_problems(
     cfg: ExperimentConfig, source: RunSource, run_dir: str | Path | None = None, resume: bool = False
 ) -> Iterable[str | None]:
-    """The refusals that need nothing loaded, in the order they are reported (lazily)."""
+    """The refusals that need nothing loaded (the config, the source, the folder, the libraries the config names),
+    in the order they are reported (lazily)."""
     yield flower_problem(cfg, source.local)
     yield pooled_test_problem(source)
     yield unseen_problem(cfg, source)
     yield state_problem(cfg, source)
     if not resume and run_dir is not None:  # again once the folder is ours (run/setup.py)
         yield new_run_folder_problem(run_dir)
-
-
-def machine_problems(cfg: ExperimentConfig, device: torch.device) -> Iterable[str | None]:
-    """What this machine cannot do as configured: TensorBoard missing, workers it cannot run."""
     yield tensorboard_problem(cfg)
-    yield workers_problem(cfg.workers, cfg.threads, device, cfg.engine)
 
 
 # --- refusals that need the data, the model or the algorithm ----------------------------------------------------
@@ -251,7 +247,7 @@ def plan_run(
     for warning in config_warnings(cfg):
         notify(f"warning: {warning}")
     device = resolve_device(cfg.device)
-    refuse(machine_problems(cfg, device))
+    refuse([workers_problem(cfg.workers, cfg.threads, device, cfg.engine)])  # what this machine cannot run
     if cfg.workers != "auto" and cfg.workers > available_cores():  # allowed (the same numbers), but slower
         notify(f"warning: workers={cfg.workers} is more than the {available_cores()} cores; they slow each other")
     set_threads(cfg.threads)
