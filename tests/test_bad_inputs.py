@@ -340,14 +340,14 @@ def test_a_damaged_latest_json_or_checkpoint_exits_2(stopped_run):
 
 
 def test_ctrl_c_names_the_run_folder_or_says_none_was_made(tmp_path, monkeypatch):
-    import fedmerge.run.runner as runner
+    import fedmerge.run.plan as plan
     from fedmerge.engines.local import LocalEngine
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
     with monkeypatch.context() as m:
-        m.setattr(runner, "load_data", interrupted)
+        m.setattr(plan, "load_data", interrupted)
         result = invoke("run", f"output_dir={tmp_path}", *FAST)
     assert one_error(result, 130) == "interrupted before the run folder was made; nothing to resume"
     assert not tmp_path.exists() or list(tmp_path.iterdir()) == []
@@ -474,8 +474,8 @@ def test_one_option_name_per_idea(tmp_path):
 
 
 def test_workers_above_the_core_count_are_warned_about(tmp_path, monkeypatch):
-    import fedmerge.run.runner as runner
+    import fedmerge.run.plan as plan
 
-    monkeypatch.setattr(runner, "available_cores", lambda: 1)
+    monkeypatch.setattr(plan, "available_cores", lambda: 1)
     result = invoke("run", "workers=2", f"output_dir={tmp_path}", *FAST)
     assert warnings_of(result) == ["warning: workers=2 is more than the 1 cores; they slow each other"]

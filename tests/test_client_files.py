@@ -219,7 +219,7 @@ def test_cli_bad_input_is_one_line(tmp_path, args, needle):
 
 def test_cli_refuses_a_non_empty_folder_before_building_the_data(tmp_path, monkeypatch):
     (tmp_path / "keep.txt").write_text("mine")
-    monkeypatch.setattr("fedmerge.run.runner.load_data", lambda cfg: pytest.fail("data was built"))
+    monkeypatch.setattr("fedmerge.run.prepare.load_data", lambda cfg: pytest.fail("data was built"))
     result = CliRunner().invoke(app, ["export-clients", "partition.num_clients=2", str(tmp_path)])
     assert result.exit_code == 2 and "--force" in result.output
     assert [p.name for p in tmp_path.iterdir()] == ["keep.txt"]

@@ -10,7 +10,7 @@ import textwrap
 import pytest
 from helpers import QUICK, assert_runs_identical, quick_config, run
 
-import fedmerge.run.runner as runner
+import fedmerge.run.execute as execute
 
 glibc = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc settings (Linux)")
 
@@ -55,7 +55,7 @@ def test_memory_freed_by_a_round_stays_for_the_next_one():
 
 def test_a_run_keeps_freed_memory_unless_told_not_to(tmp_path, monkeypatch):
     calls = []
-    monkeypatch.setattr(runner, "keep_freed_memory", lambda: calls.append(1) or True)
+    monkeypatch.setattr(execute, "keep_freed_memory", lambda: calls.append(1) or True)
     default = run(quick_config("rounds=1"), tmp_path / "default")
     assert calls == [1]
     off = run(quick_config("rounds=1", "keep_freed_memory=false"), tmp_path / "off")

@@ -22,6 +22,15 @@ from fedmerge.engines.workers import WorkerCount
 from fedmerge.run.results import RunStore
 
 
+def flower_problem(cfg: ExperimentConfig, simulation: bool) -> str | None:
+    """``engine: flower`` where Flower (and for a simulation, Ray) is not installed."""
+    from fedmerge.engines.flower import INSTALL_HINT, flower_available
+
+    if cfg.engine == "flower" and not flower_available(simulation=simulation):
+        return INSTALL_HINT
+    return None
+
+
 def require_flower(simulation: bool) -> None:
     from fedmerge.engines.flower import INSTALL_HINT, flower_available
 
@@ -149,11 +158,12 @@ def open_engine(
     client_store: StateStore | None = None,
     federation: Any = None,
     workers: WorkerCount | None = None,
+    pooled_test: Callable[[], tuple[torch.Tensor, torch.Tensor]] | None = None,
 ) -> Iterator[Engine]:
-    """``workers``: the resolved ``workers`` setting of a local engine (runner.resolve_workers); None: ``cfg.workers``,
-    a number."""
-    # a deployed server has no data: only the pooled test file its operator gave, if any
-    pooled_test = pooled_test_of(cfg, data) if data is not None else getattr(federation, "pooled_test", None)
+    """``workers``: the resolved ``workers`` setting of a local engine (``resolve_workers``); None: ``cfg.workers``,
+    a number. ``pooled_test``: the global model's test set
+    ([`pooled_test_of()`][fedmerge.run.engine_setup.pooled_test_of]; a deployed server has no data, only the
+    pooled test file its operator gave, if any)."""
     if cfg.engine != "flower" and grid is None:
         with LocalEngine(
             data.clients,

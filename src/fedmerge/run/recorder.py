@@ -4,7 +4,6 @@ progress and TensorBoard, then the summary."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,21 +13,19 @@ import torch
 
 from fedmerge.algorithms import Algorithm
 from fedmerge.algorithms.privacy import redact_participants
-from fedmerge.config.schema import ExperimentConfig, dataset_label, to_yaml
-from fedmerge.core.checkpoint import (
-    Checkpoint,
-    save_checkpoint,
-)
-from fedmerge.core.loop import UNSEEN_EVAL, Engine, Newcomers, Schedule, run_rounds
+from fedmerge.config.schema import dataset_label
+from fedmerge.core.checkpoint import save_checkpoint
+from fedmerge.core.loop import UNSEEN_EVAL, Engine, Schedule, run_rounds
 from fedmerge.core.state_store import StateStore, StoredStates
 from fedmerge.core.types import ServerState
 from fedmerge.engines.device import peak_memory_mib
-from fedmerge.engines.workers import WorkerCount
 from fedmerge.models import count_parameters
+from fedmerge.run.plan import Notify, RunPlan, silent
 from fedmerge.run.progress import RoundProgress
 from fedmerge.run.provenance import record_segment
 from fedmerge.run.results import RunStore
 from fedmerge.run.resume import config_digest
+from fedmerge.run.setup import Start
 from fedmerge.run.summary import build_summary, summarize_eval, summary_markdown
 from fedmerge.run.tensorboard_log import ScalarLog
 
@@ -40,26 +37,17 @@ class RunResult:
     server_state: ServerState
 
 
-Notify = Callable[[str], None]
-
-
-@dataclass
+@dataclass(frozen=True)
 class Segment:
-    """How this process's part of a run starts and ends."""
+    """How this process's part of a run shows itself and ends."""
 
-    resume: bool
-    checkpoint: Checkpoint | None
-    show_progress: bool
-    stop_after: int | None
-    notify: Notify
+    show_progress: bool = True
+    stop_after: int | None = None  # end after this round, as a crash would (tests)
+    notify: Notify = silent
     # one notice per round (a deployed ServerApp's log, where no progress display runs)
     round_notices: bool = False
     # what the user asked for, recorded instead of this process's command line (``record_segment``)
     invocation: dict[str, Any] | None = None
-    # a deployed run: the dataset the nodes' files hold (the config's data sections are not used)
-    dataset: str | None = None
-    # a local engine's worker processes (``workers`` resolved), recorded in provenance.jsonl
-    workers: WorkerCount | None = None
 
 
 class Stopped(Exception):
@@ -67,56 +55,30 @@ class Stopped(Exception):
 
 
 def record_rounds(
-    cfg: ExperimentConfig,
+    plan: RunPlan,
     store: RunStore,
-    algorithm: Algorithm,
-    model: torch.nn.Module,
     engine: Engine,
-    device: torch.device,
-    groups: list[int | None],
+    start: Start,
     segment: Segment,
     client_store: StateStore | None = None,
-    newcomers: Newcomers | None = None,
-    num_classes: int | None = None,
-    client_names: list[str] | None = None,
 ) -> RunResult:
-    """``groups``: the participants' (their count is the population the schedule samples); ``newcomers``: the
-    clients that never train, onboarded at every evaluation round; ``num_classes``: a classifier's class count,
-    for the summary's divergence check (None: not a classifier); ``client_names``: every client's name by id
-    (natural clients of data that names them), recorded in the summary."""
+    """The round loop from ``start``, each round recorded (metrics row, checkpoint, progress, TensorBoard) by its
+    callback, then the summary. ``client_store``: the run's on-disk client states (``state:``), checkpointed
+    with the server state."""
+    cfg, algorithm, model, device = plan.cfg, plan.algorithm, plan.model, plan.device
+    newcomers, groups = plan.newcomers, plan.groups
     num_clients = len(groups)
     schedule = Schedule(cfg.rounds, num_clients, cfg.participation, cfg.eval_every, cfg.seed, cfg.eval_clients)
+    state, start_round = start.state, start.round
+    workers = plan.workers  # a local engine's worker processes, recorded in provenance.jsonl
 
-    start_round = 0
-    earlier_seconds = 0.0  # wall time of the earlier segments of a resumed run
-    ckpt = segment.checkpoint
-    if segment.resume:
-        # elapsed_seconds is cumulative: the rows written (kept or about to be replayed) and the summary of
-        # a finished run hold the time every earlier segment ran, so wall_seconds only grows
-        earlier_seconds = store.time_spent()
-        if ckpt is not None:
-            state = ckpt.server_state.to(device)
-            engine.restore(ckpt.meta)  # deployment: the rounds of the states the nodes keep
-            start_round = ckpt.round
-            if client_store is None:
-                engine.load_client_states(ckpt.client_states)
-        else:
-            state = algorithm.init_server_state().to(device)
-        if client_store is not None:  # states of rounds after the checkpoint are redone
-            client_store.rewind(start_round)
-        store.truncate_metrics(start_round)
-        segment.notify(f"resuming from round {start_round} of {cfg.rounds}")
-    else:
-        store.write_config(to_yaml(cfg))
-        state = algorithm.init_server_state().to(device)
-
-    extra = {"workers": segment.workers.count} if segment.workers is not None else {}
+    extra = {"workers": workers.count} if workers is not None else {}
     # workers: auto says when it starts the workers (once a round's client work is worth it)
-    announce = segment.workers is not None and segment.workers.auto and segment.workers.count > 1
-    record_segment(store.dir, start_round, segment.resume, {**(segment.invocation or {}), **extra} or None)
+    announce = workers is not None and workers.auto and workers.count > 1
+    record_segment(store.dir, start_round, start.resumed, {**(segment.invocation or {}), **extra} or None)
     digest = config_digest(cfg)
     peak_memory_mib(device)  # the first round's peak starts here
-    t_start = time.perf_counter() - earlier_seconds
+    t_start = time.perf_counter() - start.earlier_seconds
 
     def checkpoint(rnd: int, server_state: ServerState) -> None:
         save_checkpoint(
@@ -161,7 +123,7 @@ def record_rounds(
                 checkpoint(rnd, server_state)
             progress.round_done(rnd, progress_text(record))
             if announce and (first := getattr(engine, "parallel_from", None)) is not None:
-                segment.notify(segment.workers.started(first))
+                segment.notify(workers.started(first))
                 announce = False
             if segment.round_notices:
                 failed = sorted({f["cid"] for f in failures})
@@ -181,7 +143,7 @@ def record_rounds(
     info = {
         "name": cfg.name,
         "algorithm": cfg.algorithm.name,
-        "dataset": segment.dataset or dataset_label(cfg.dataset),  # deployed: what the nodes said
+        "dataset": plan.dataset or dataset_label(cfg.dataset),  # deployed: what the nodes said
         "partition": cfg.partition.name,
         "model": cfg.model.name,
         "num_clients": num_clients,
@@ -197,10 +159,10 @@ def record_rounds(
         info["unseen_clients"] = {"count": len(newcomers.cids), "adapt_epochs": newcomers.adapt_epochs}
         if newcomers.also:
             info["unseen_clients"]["also_adapt_epochs"] = list(newcomers.also)
-    if num_classes is not None:
-        info["num_classes"] = num_classes
-    if client_names is not None:  # only data that names its clients: other summaries are unchanged
-        info["client_names"] = list(client_names)
+    if plan.num_classes is not None:
+        info["num_classes"] = plan.num_classes
+    if plan.client_names is not None:  # only data that names its clients: other summaries are unchanged
+        info["client_names"] = list(plan.client_names)
     if hasattr(algorithm, "privacy_summary"):  # privacy: the guarantees spent (per client for DP-SGD)
         info["privacy"] = algorithm.privacy_summary(state)
     summary = build_summary(rows, info)

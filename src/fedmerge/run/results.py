@@ -48,17 +48,22 @@ def new_run_dir(output_dir: str | Path, name: str) -> Path:
     return make_folder(path, "output_dir", exist_ok=False)
 
 
-def check_new_run_folder(run_dir: str | Path, option: str = "run folder") -> None:
-    """Refuse (one line) to start a run in a folder that holds a file the run would write: a run's own
-    (continue it with ``--resume``) or a user's (never overwritten)."""
+def new_run_folder_problem(run_dir: str | Path, option: str = "run folder") -> str | None:
+    """Why a new run cannot start in ``run_dir`` (one line), or None: the folder holds a file the run would
+    write, a run's own (continue it with ``--resume``) or a user's (never overwritten)."""
     folder = Path(run_dir)
     if (folder / CONFIG_FILE).exists():
-        raise ConfigError(f"{option} {folder} already holds a run; to continue it: fedmerge run --resume {folder}")
+        return f"{option} {folder} already holds a run; to continue it: fedmerge run --resume {folder}"
     taken = [name for name in RUN_FILES if (folder / name).exists()]
     if taken:
-        raise ConfigError(
-            f"{option} {folder} already holds {taken[0]}, which a run would overwrite; choose a new or empty folder"
-        )
+        return f"{option} {folder} already holds {taken[0]}, which a run would overwrite; choose a new or empty folder"
+    return None
+
+
+def check_new_run_folder(run_dir: str | Path, option: str = "run folder") -> None:
+    """[`new_run_folder_problem()`][fedmerge.run.results.new_run_folder_problem] as a `ConfigError`."""
+    if (problem := new_run_folder_problem(run_dir, option)) is not None:
+        raise ConfigError(problem)
 
 
 class RunStore:

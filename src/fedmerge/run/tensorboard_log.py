@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from fedmerge.config.schema import ConfigError
+from fedmerge.config.schema import ExperimentConfig
 from fedmerge.run.results import TENSORBOARD_DIR
 
 INSTALL_HINT = "log.tensorboard needs TensorBoard: pip install -e '.[tensorboard]'"
@@ -25,11 +25,15 @@ SCALARS = {
 }
 
 
-def require_tensorboard() -> None:
+def tensorboard_problem(cfg: ExperimentConfig) -> str | None:
+    """``log.tensorboard: true`` where TensorBoard is not installed."""
+    if cfg.log is None or not cfg.log.tensorboard:
+        return None
     try:
         from torch.utils.tensorboard import SummaryWriter  # noqa: F401
     except ImportError:
-        raise ConfigError(INSTALL_HINT) from None
+        return INSTALL_HINT
+    return None
 
 
 class ScalarLog:
