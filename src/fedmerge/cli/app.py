@@ -79,7 +79,13 @@ def load_command(name: str, origin: str, ref: str) -> click.Command:
         def broken() -> None:
             fail(problem, 2)
 
-        return click.Command(name, callback=broken, help=f"(not loaded: {problem})", add_help_option=False)
+        return click.Command(  # any arguments, --help too: the one line
+            name,
+            callback=broken,
+            help=f"(not loaded: {problem})",
+            add_help_option=False,
+            context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+        )
     command.name = name
     return command
 
@@ -92,11 +98,13 @@ class MethodCommandsGroup(TyperGroup):
         own = super().list_commands(ctx)
         return [*own, *(name for name in method_commands() if name not in own)]
 
+    _loaded: dict[tuple[str, str, str], click.Command] = {}  # imported once per process
+
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         command = super().get_command(ctx, cmd_name)
         if command is None and (found := method_commands().get(cmd_name)) is not None:
-            command = load_command(cmd_name, *found)
-            self.commands[cmd_name] = command  # once per process
+            key = (cmd_name, *found)
+            command = self._loaded[key] = self._loaded.get(key) or load_command(*key)
         return command
 
 

@@ -27,7 +27,7 @@ from fedmerge.report.data import (
     in_progress_notes,
     learning_curve,
 )
-from fedmerge.report.method_figures import figure_kinds, figures_of, run_folder
+from fedmerge.report.method_figures import figure_kinds, figures_of, read_run_folder
 from fedmerge.run.provenance import package_version, read_provenance
 from fedmerge.run.results import CONFIG_FILE
 
@@ -107,7 +107,7 @@ def build_report(
             if run is None:
                 continue
             try:
-                folder = run_folder(run.run_dir)
+                folder = read_run_folder(run.run_dir)
                 figures = figures_of(folder)
             except ValueError as exc:  # a plugin that cannot be imported (PluginError): its figures are left out
                 (notify or (lambda message: None))(f"warning: {exc}")

@@ -14,7 +14,8 @@ from fedmerge.algorithms import ALGORITHMS
 from fedmerge.core.method_hooks import ReportFigure, RunFolder
 from fedmerge.core.plugins import import_plugins, load_installed
 from fedmerge.report.plot_merge_weights import client_groups
-from fedmerge.run.results import CONFIG_FILE, SUMMARY_FILE, RunStore
+from fedmerge.run.records import read_lines
+from fedmerge.run.results import CONFIG_FILE, METRICS_FILE, SUMMARY_FILE
 
 
 def _config(run_dir: Path) -> dict[str, Any]:
@@ -33,11 +34,16 @@ def method_of(run_dir: Path) -> str | None:
     return name or (config.get("algorithm") or {}).get("name")
 
 
-def run_folder(run_dir: Path) -> RunFolder:
+def read_run_folder(run_dir: str | Path) -> RunFolder:
+    """A run folder read back (metric rows, summary, the clients' true groups when asked for), as figures and
+    a plugin's commands read it; a folder without ``metrics.jsonl`` is a one-line ``ValueError``."""
+    run_dir = Path(run_dir)
+    if not (run_dir / METRICS_FILE).is_file():
+        raise ValueError(f"{run_dir}: no {METRICS_FILE}; is it a run folder?")
     summary = run_dir / SUMMARY_FILE
     return RunFolder(
         path=run_dir,
-        rows=RunStore(run_dir).read_metrics(),
+        rows=read_lines(run_dir / METRICS_FILE)[0],  # the rows written whole
         summary=json.loads(summary.read_text()) if summary.is_file() else {},
         find_groups=lambda: client_groups(run_dir),
     )
@@ -59,10 +65,8 @@ def figure_kinds() -> list[ReportFigure]:
 
 def draw_figures(run_dir: Path, out_dir: Path | None = None) -> list[Path]:
     """Every figure the run's method declares for it, as ``OUT_DIR/<name>.png`` (default: the run folder)."""
-    run_dir = Path(run_dir)
-    if not (run_dir / CONFIG_FILE).is_file():
-        raise ValueError(f"{run_dir}: no {CONFIG_FILE}; is it a run folder?")
-    run = run_folder(run_dir)
+    run = read_run_folder(run_dir)
+    run_dir = run.path
     figures = figures_of(run)
     if not figures:
         raise ValueError(f"{run_dir}: its method ({method_of(run_dir)}) declares no figure for this run")
