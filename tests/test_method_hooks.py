@@ -20,7 +20,7 @@ from fedmerge.algorithms.lambda_line import LAMBDA_HOOKS, LAMBDA_LINE
 from fedmerge.cli import app
 from fedmerge.cli.app import method_commands
 from fedmerge.core import plugins
-from fedmerge.core.method_hooks import NO_HOOKS, MethodHooks
+from fedmerge.core.method_hooks import NO_HOOKS, MethodHooks, ReportFigure
 from fedmerge.report.method_figures import figure_kinds
 from fedmerge.run.summary import build_summary, summary_markdown
 
@@ -75,6 +75,25 @@ def test_a_summary_field_may_not_replace_the_summarys_own():
     with pytest.raises(ValueError, match="already registered"):
         ALGORITHMS.register("test_hooks_clash", config=ClashConfig, description="again", hooks=NO_HOOKS)(FedAvg)
     assert ALGORITHMS.hooks("test_hooks_clash") is not NO_HOOKS
+
+
+class FigureConfig(FedAvgConfig):
+    name: Literal["test_hooks_figure"] = "test_hooks_figure"
+
+
+class WithFigure(FedAvg):  # defined here, outside fedmerge: a plugin's method
+    name = "test_hooks_figure"
+
+
+def test_a_plugins_figure_is_a_section_only_on_a_page_with_its_runs():
+    if "test_hooks_figure" not in ALGORITHMS:
+        figure = ReportFigure(name="test_hooks_steps", title="Steps", draw=lambda run, path: None, order=5)
+        hooks = MethodHooks(report_figures=(figure,))
+        ALGORITHMS.register("test_hooks_figure", config=FigureConfig, description="test only", hooks=hooks)(WithFigure)
+    assert "test_hooks_steps" not in [f.name for f in figure_kinds()]  # fedmerge's own sections only
+    assert "test_hooks_steps" not in [f.name for f in figure_kinds(["fedavg", "fedmerge"])]
+    # by order (5 before the built-ins' 10 and 20), then name
+    assert [f.name for f in figure_kinds(["test_hooks_figure"])][:3] == ["test_hooks_steps", "merge_weights", "lambda"]
 
 
 # --- method command groups --------------------------------------------------------------------------------------

@@ -282,7 +282,11 @@ def _python_blocks() -> list[str]:
 
 
 def test_the_walk_through_shows_the_example_plugin_as_it_is():
-    assert _python_blocks()[0] in (PLUGIN_DIR / f"{MODULE}.py").read_text()
+    method, hooks = _python_blocks()[:2]
+    (command,) = [block for block in _python_blocks() if "typer.Typer(" in block]
+    source = (PLUGIN_DIR / f"{MODULE}.py").read_text()
+    assert method in source and hooks in source and "hooks=MethodHooks(" in hooks
+    assert command in (PLUGIN_DIR / f"{MODULE}_cli.py").read_text()
 
 
 def test_the_walk_through_dataset_and_model_run(tmp_path, monkeypatch):

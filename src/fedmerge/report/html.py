@@ -27,7 +27,7 @@ from fedmerge.report.data import (
     in_progress_notes,
     learning_curve,
 )
-from fedmerge.report.method_figures import figure_kinds, figures_of, read_run_folder
+from fedmerge.report.method_figures import figure_kinds, figures_of, method_of, read_run_folder
 from fedmerge.run.provenance import package_version, read_provenance
 from fedmerge.run.results import CONFIG_FILE
 
@@ -95,6 +95,7 @@ def build_report(
     colors = {m: f"C{i % 10}" for i, m in enumerate(dict.fromkeys(r.method for r in records))}
     settings = list(dict.fromkeys(r.setting for r in records))
     drawn: dict[str, list[Figure]] = {}  # figure name -> one per method and setting
+    methods: set[str] = set()  # the algorithms of the runs drawn from
     for setting in settings:
         mine = [r for r in records if r.setting == setting and r.run_dir is not None]
         report.curves.append(_safe(f"{setting}", lambda m=mine: _curves_figure(m, colors)))
@@ -109,6 +110,7 @@ def build_report(
             try:
                 folder = read_run_folder(run.run_dir)
                 figures = figures_of(folder)
+                methods.add(method_of(run.run_dir) or "")
             except ValueError as exc:  # a plugin that cannot be imported (PluginError): its figures are left out
                 (notify or (lambda message: None))(f"warning: {exc}")
                 continue
@@ -120,7 +122,8 @@ def build_report(
         if any("privacy" in (r.summary or {}) for r in mine if r.status == DONE):
             report.privacy.append(_safe(f"{setting}", lambda d=done_here: _privacy_png(d)))
     report.method_sections = [
-        MethodSection(f.name.replace("_", "-"), f.title, f.note, f.empty, drawn.get(f.name, [])) for f in figure_kinds()
+        MethodSection(f.name.replace("_", "-"), f.title, f.note, f.empty, drawn.get(f.name, []))
+        for f in figure_kinds(methods)
     ]
     done = [r for r in records if r.status == DONE]
     if done:

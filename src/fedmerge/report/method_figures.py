@@ -5,6 +5,7 @@ way, its module imported from the run's ``plugins:`` key (or its installed entry
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -54,10 +55,14 @@ def figures_of(run: RunFolder) -> list[ReportFigure]:
     return [f for f in ALGORITHMS.hooks(method_of(run.path)).report_figures if f.applies(run)]
 
 
-def figure_kinds() -> list[ReportFigure]:
-    """Every figure the registered methods declare, once each (methods may share one), by ``order`` then name."""
+def figure_kinds(methods: Iterable[str] = ()) -> list[ReportFigure]:
+    """The figures that fedmerge's own methods and ``methods`` (those of a page's runs) declare, once each (methods
+    may share one), by ``order`` then name: a plugin's section is on a page only when one of its runs is."""
+    wanted = set(methods)
     kinds: dict[str, ReportFigure] = {}
     for entry in ALGORITHMS.entries():
+        if entry.name not in wanted and not entry.obj.__module__.startswith("fedmerge."):
+            continue
         for figure in ALGORITHMS.hooks(entry.name).report_figures:
             kinds.setdefault(figure.name, figure)
     return sorted(kinds.values(), key=lambda f: (f.order, f.name))
