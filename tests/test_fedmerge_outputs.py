@@ -4,10 +4,10 @@ import pytest
 from helpers import quick_config, run
 from typer.testing import CliRunner
 
+from fedmerge.algorithms.assignments import cluster_recovery
 from fedmerge.cli import app
 from fedmerge.report.plot_merge_weights import client_groups, pick_rounds
 from fedmerge.run.results import RunStore
-from fedmerge.algorithms.assignments import cluster_recovery
 from fedmerge.run.summary import build_summary, parameter_budget
 
 CLUSTER = [
