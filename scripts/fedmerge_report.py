@@ -18,11 +18,11 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from fedmerge.algorithms.assignments import cluster_recovery
 from fedmerge.config.schema import load_config
 from fedmerge.report.plot_merge_weights import client_groups
 from fedmerge.report.plot_privacy import dotted_keys
 from fedmerge.run.results import RunStore
-from fedmerge.run.summary import cluster_recovery
 
 SKIP_KEYS = {"output_dir", "name"}
 

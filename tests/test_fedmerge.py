@@ -241,7 +241,7 @@ def test_cluster_run_logs_merge_weights_and_recovery(tmp_path):
     assert budget["down_per_client_round"] == budget["up_per_client_round"] == budget["client_stored"] == model
     assert budget["server_stored"] == 3 * model + 9 * 3  # three models plus the merge logits
     groups = [c.group for c in load_data(run_config(res)).clients]
-    summary = build_summary(rows, {"client_groups": groups})
+    summary = build_summary(rows, {"algorithm": "fedmerge", "client_groups": groups})
     rec = summary["cluster_recovery"]
     # merge weights (hence the ARI) are logged every round, not only at evaluations
     assert rec["round"] == 8 and -1 <= rec["ari"] <= 1 and set(rec["ari_by_round"]) == {str(r) for r in range(1, 9)}

@@ -4,10 +4,11 @@ import pytest
 from helpers import quick_config, run
 from typer.testing import CliRunner
 
+from fedmerge.algorithms.assignments import cluster_recovery
 from fedmerge.cli import app
 from fedmerge.report.plot_merge_weights import client_groups, pick_rounds
 from fedmerge.run.results import RunStore
-from fedmerge.run.summary import build_summary, cluster_recovery, parameter_budget
+from fedmerge.run.summary import build_summary, parameter_budget
 
 CLUSTER = [
     "partition.name=cluster",
@@ -83,4 +84,6 @@ def test_cluster_recovery_is_one_for_a_perfect_block_structure():
     assert rec["round"] == 2 and rec["ari"] == pytest.approx(1.0) and rec["ari_by_round"]["1"] == 0.0
     assert cluster_recovery(rows, [0, None, 1, 1]) == {}
     rows = [{"round": 2, "comm_down": 1.0, "comm_up": 1.0, **rows[1]}]
-    assert build_summary(rows, {"client_groups": [1, 1, 0, 0]})["cluster_recovery"]["ari"] == pytest.approx(1.0)
+    assert build_summary(rows, {"algorithm": "fedmerge", "client_groups": [1, 1, 0, 0]})["cluster_recovery"][
+        "ari"
+    ] == pytest.approx(1.0)

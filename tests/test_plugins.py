@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import json
+import math
 import os
 import re
 import subprocess
@@ -75,10 +76,14 @@ def test_server_step_by_hand(plugin_config):
         0: Update({"w": torch.tensor([3.0, 4.0]), "count": torch.tensor(5)}, {"num_examples": 1}),
         1: Update({"w": torch.tensor([5.0, 8.0]), "count": torch.tensor(9)}, {"num_examples": 3}),
     }  # mean by samples: w = [4.5, 7.0], count = round(8.0)
+    # the step from w = [1, 2]: lr * [3.5, 5.0]; its length lr * sqrt(3.5^2 + 5^2) = lr * sqrt(37.25) (counters skipped)
     for lr, expected in [(0.5, [2.75, 4.5]), (1.5, [6.25, 9.5])]:
         algorithm = cls(cfg.algorithm.model_copy(update={"server_lr": lr}), None, 2, 0)
-        new = algorithm.aggregate(state, 1, updates).tensors
+        new_state = algorithm.aggregate(state, 1, updates)
+        new = new_state.tensors
         assert torch.equal(new["w"], torch.tensor(expected)) and torch.equal(new["count"], torch.tensor(8))
+        assert new_state.meta["step_norm"] == pytest.approx(lr * math.sqrt(37.25), rel=1e-6)
+        assert algorithm.server_report(new_state, 1) == {"step_norm": new_state.meta["step_norm"]}
     fedavg = FedAvg(FedAvgConfig(), None, 2, 0).aggregate(state, 1, updates).tensors
     one = cls(cfg.algorithm.model_copy(update={"server_lr": 1.0}), None, 2, 0).aggregate(state, 1, updates).tensors
     assert all(torch.equal(one[k], fedavg[k]) for k in fedavg)  # server_lr 1 is FedAvg, bit for bit
@@ -221,13 +226,67 @@ def test_plugin_method_in_a_flower_simulation(plugin_config, tmp_path):
     assert_runs_identical(local.run_dir, flower.run_dir)
 
 
+# --- what the method knows about its outputs: a summary field, a figure, a command --------------------------------
+def installed_commands(folder: Path, lines: str) -> Path:
+    """A dist-info in ``folder`` declaring ``lines`` in the entry-point group fedmerge.cli, as pip installs it."""
+    info = folder / "example_commands-0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: example-commands\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(f"[fedmerge.cli]\n{lines}\n")
+    return folder
+
+
+def test_plugin_adds_a_summary_field_a_figure_and_a_command(plugin_config, tmp_path, monkeypatch):
+    result = run(load_config(plugin_config), tmp_path / "run")  # server_lr 0.5, two rounds
+    rows = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+    norms = [row["server"]["step_norm"] for row in rows]
+    assert len(norms) == 2 and all(n > 0 for n in norms)
+    # the first step leaves the same w_0 towards the same client average: half FedAvg's (server_lr 1) first step
+    fedavg_step = run(load_config(plugin_config, ["algorithm.server_lr=1.0", "rounds=1"]), tmp_path / "lr1")
+    assert norms[0] == pytest.approx(0.5 * fedavg_step.summary["server_step"]["last_norm"], rel=1e-5)
+
+    # the summary field and its line, from the method's hooks
+    summary = json.loads((result.run_dir / "summary.json").read_text())
+    assert summary["server_step"] == {"mean_norm": (norms[0] + norms[1]) / 2, "last_norm": norms[1]}
+    assert (
+        f"server step norm: mean {(norms[0] + norms[1]) / 2:.4f}, last {norms[1]:.4f}"
+        in (result.run_dir / "summary.md").read_text()
+    )
+
+    # the figure, drawn by `fedmerge plot figures` in a process that imports the plugin from config.yaml only
+    fedmerge("plot", "figures", str(result.run_dir), "--out", str(tmp_path / "figures"))
+    png = tmp_path / "figures" / "server_step.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    import matplotlib.image
+
+    height, width, _ = matplotlib.image.imread(png).shape  # decodes: a real image, 5 x 3.5 inches at 100 dpi
+    assert (width, height) == (500, 350)
+    page = tmp_path / "report.html"
+    assert CliRunner().invoke(app, ["report", str(result.run_dir), "-o", str(page)]).exit_code == 0
+    section = page.read_text().split('<section id="server-step">')[1].split("</section>")[0]
+    assert "<h2>Server steps</h2>" in section and section.count('src="data:image/png;base64,') == 1
+
+    # the command group, found through the entry point fedmerge.cli of the installed package
+    folder = installed_commands(tmp_path / "site", "server-step = fedmerge_server_step_cli:app")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(folder), os.environ["PYTHONPATH"]]))
+    monkeypatch.delenv(plugins.AUTOLOAD_OFF)  # installed command groups are skipped with the installed plugins
+    listed = fedmerge("--help").stdout
+    assert "server-step" in listed and "Tools of fedavg_server_lr" in listed
+    steps = fedmerge("server-step", "steps", str(result.run_dir)).stdout
+    assert steps.splitlines() == [f"round 1: {norms[0]!r}", f"round 2: {norms[1]!r}"]
+
+
 # --- docs/extending.md ------------------------------------------------------------------------------
 def _python_blocks() -> list[str]:
     return re.findall(r"```python\n(.*?)```", (ROOT / "docs" / "extending.md").read_text(), re.S)
 
 
 def test_the_walk_through_shows_the_example_plugin_as_it_is():
-    assert _python_blocks()[0] in (PLUGIN_DIR / f"{MODULE}.py").read_text()
+    method, hooks = _python_blocks()[:2]
+    (command,) = [block for block in _python_blocks() if "typer.Typer(" in block]
+    source = (PLUGIN_DIR / f"{MODULE}.py").read_text()
+    assert method in source and hooks in source and "hooks=MethodHooks(" in hooks
+    assert command in (PLUGIN_DIR / f"{MODULE}_cli.py").read_text()
 
 
 def test_the_walk_through_dataset_and_model_run(tmp_path, monkeypatch):
@@ -287,9 +346,12 @@ def fedmerge_imports_past_the_api(source: str) -> list[str]:
 
 
 def test_the_example_plugin_imports_fedmerge_api_only():
-    source = (PLUGIN_DIR / f"{MODULE}.py").read_text()
-    assert "fedmerge.api" in source
-    assert fedmerge_imports_past_the_api(source) == []
+    modules = sorted(PLUGIN_DIR.glob("*.py"))
+    assert [m.name for m in modules] == [f"{MODULE}.py", f"{MODULE}_cli.py"]  # the method; its command group
+    for module in modules:
+        source = module.read_text()
+        assert "fedmerge.api" in source
+        assert fedmerge_imports_past_the_api(source) == [], module.name
 
 
 def test_the_walk_through_plugins_import_fedmerge_api_only():

@@ -19,6 +19,9 @@ plugin adds to them).
   `DatasetConfig` and `Pool`, a partitioner's `PartitionConfig` and `Partition`.
 - **Models**: the base `Classifier` (a `features` body and a `classifier` head), `flat_size`, `image_shape`,
   `build_model`, `count_parameters`.
+- **What a method knows about its outputs**: `MethodHooks` (``ALGORITHMS.register(..., hooks=MethodHooks(...))``:
+  summary fields and lines, report figures), `ReportFigure`, and the run folder they read, `RunFolder`
+  (`read_run_folder` reads one, e.g. in a plugin's command group).
 
 How to write and load a plugin: docs/extending.md; every name with its documentation: docs/api/plugins.md.
 """
@@ -48,6 +51,7 @@ from fedmerge.core.algorithm import (
     with_epochs,
 )
 from fedmerge.core.merge import weighted_merge
+from fedmerge.core.method_hooks import MethodHooks, ReportFigure, RunFolder
 from fedmerge.core.params import weighted_average
 from fedmerge.core.registry import ComponentConfig, Registry
 from fedmerge.core.training import (
@@ -64,6 +68,7 @@ from fedmerge.core.types import ClientState, Payload, ServerState, Update
 from fedmerge.data import DATASETS, PARTITIONERS, DatasetConfig, Partition, PartitionConfig, Pool
 from fedmerge.models import MODELS, Classifier, build_model, count_parameters
 from fedmerge.models.registry import flat_size, image_shape
+from fedmerge.report.method_figures import read_run_folder
 
 __all__ = [
     # the algorithm
@@ -119,4 +124,9 @@ __all__ = [
     "count_parameters",
     "flat_size",
     "image_shape",
+    # what a method knows about its outputs
+    "MethodHooks",
+    "ReportFigure",
+    "RunFolder",
+    "read_run_folder",
 ]

@@ -47,6 +47,7 @@ from fedmerge.core.types import ClientState, Payload, Update
 
 from ._personal import GapProbe, SecondModel, interpolate, lambda_grid, lambda_key
 from .base import GlobalModelAlgorithm, adapted_state, client_sgd, load_weights, model_weights
+from .lambda_line import LAMBDA_HOOKS
 
 
 class APFLConfig(AlgorithmConfig):
@@ -68,7 +69,10 @@ def alpha_step(alpha: float, grad: float, lr: float, decay: float) -> float:
 
 
 @ALGORITHMS.register(
-    "apfl", config=APFLConfig, description="APFL: personal/global output mixture, optional adaptive alpha"
+    "apfl",
+    config=APFLConfig,
+    description="APFL: personal/global output mixture, optional adaptive alpha",
+    hooks=LAMBDA_HOOKS,
 )
 class APFL(GlobalModelAlgorithm):
     name = "apfl"

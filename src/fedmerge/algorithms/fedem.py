@@ -59,6 +59,7 @@ from fedmerge.core.types import ClientState, Payload, ServerState, Update
 
 from ._multimodel import initial_models, model_logits, pack, unpack
 from ._personal import Weighting
+from .assignments import ASSIGNMENT_HOOKS
 from .base import gap_subset
 
 TAG = "fedem"
@@ -148,7 +149,10 @@ def train_component(
 
 
 @ALGORITHMS.register(
-    "fedem", config=FedEMConfig, description="FedEM: mixture of M shared models, client mixture weights by EM"
+    "fedem",
+    config=FedEMConfig,
+    description="FedEM: mixture of M shared models, client mixture weights by EM",
+    hooks=ASSIGNMENT_HOOKS,
 )
 class FedEM(Algorithm):
     name = "fedem"

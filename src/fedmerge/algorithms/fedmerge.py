@@ -92,6 +92,7 @@ from fedmerge.core.types import ClientState, Payload, ServerState, Update
 
 from . import merging
 from ._flat_layout import FlatLayout
+from .assignments import ASSIGNMENT_HOOKS
 from .base import fine_tuned, train_received
 from .fedprox import proximal_term
 
@@ -238,6 +239,7 @@ PRESET_CLIENT: dict[str, dict[str, Any]] = {
     "fedmerge",
     config=FedMergeConfig,
     description="FedMerge: d global models, each client gets its own learned merge (softmax(A) @ Theta)",
+    hooks=ASSIGNMENT_HOOKS,
 )
 class FedMerge(Algorithm):
     name = "fedmerge"

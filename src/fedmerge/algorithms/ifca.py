@@ -52,6 +52,7 @@ from fedmerge.core.types import ClientState, Payload, ServerState, Update
 
 from ._multimodel import initial_models, one_hot_rows, pack, per_sample_losses, unpack
 from ._personal import Weighting, head_prefix, is_head
+from .assignments import ASSIGNMENT_HOOKS
 from .base import fine_tuned, model_weights, train_received
 
 TAG = "ifca"
@@ -82,7 +83,12 @@ def choose_cluster(model: torch.nn.Module, models: list[StateDict], x: torch.Ten
     return min(range(len(losses)), key=losses.__getitem__)
 
 
-@ALGORITHMS.register("ifca", config=IFCAConfig, description="IFCA: k cluster models, clients join the lowest-loss one")
+@ALGORITHMS.register(
+    "ifca",
+    config=IFCAConfig,
+    description="IFCA: k cluster models, clients join the lowest-loss one",
+    hooks=ASSIGNMENT_HOOKS,
+)
 class IFCA(Algorithm):
     name = "ifca"
     dp_sgd_refusal = (

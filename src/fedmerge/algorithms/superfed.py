@@ -57,6 +57,7 @@ from fedmerge.core.types import ClientState, Payload, Update
 
 from ._personal import GapProbe, detached, interpolate, lambda_grid, lambda_key, leaves, pick_best
 from .base import GlobalModelAlgorithm, adapted_state, client_sgd, load_weights, model_weights
+from .lambda_line import LAMBDA_HOOKS
 
 Tensors = dict[str, torch.Tensor]
 
@@ -223,6 +224,7 @@ class SuPerFed(GlobalModelAlgorithm):
     "superfed_mm",
     config=SuPerFedMMConfig,
     description="SuPerFed-MM: federated + local model mixed with one lambda~U(0,1) per batch",
+    hooks=LAMBDA_HOOKS,
 )
 class SuPerFedMM(SuPerFed):
     name = "superfed_mm"
@@ -233,6 +235,7 @@ class SuPerFedMM(SuPerFed):
     "superfed_lm",
     config=SuPerFedLMConfig,
     description="SuPerFed-LM: federated + local model mixed with one lambda~U(0,1) per layer per batch",
+    hooks=LAMBDA_HOOKS,
 )
 class SuPerFedLM(SuPerFed):
     name = "superfed_lm"

@@ -10,7 +10,8 @@ from rich.markup import escape
 from fedmerge.cli.app import app, err, out, report_crash, system_problem
 
 # Importing a command module registers its commands on ``app``; this order is the order of ``--help``.
-COMMAND_MODULES = ("run", "sweep", "study", "report", "components", "clients", "deploy", "data", "livar")
+# The method command groups (``fedmerge livar``, a plugin's) come after them, loaded when named (app.METHOD_COMMANDS).
+COMMAND_MODULES = ("run", "sweep", "study", "report", "components", "clients", "deploy", "data")
 for _module in COMMAND_MODULES:
     import_module(f"fedmerge.cli.{_module}")
 

@@ -13,7 +13,7 @@ import click
 import typer
 from rich.console import Console
 from rich.markup import escape
-from typer.core import TyperCommand
+from typer.core import TyperCommand, TyperGroup
 
 
 def new_typer(**options: Any) -> typer.Typer:
@@ -39,7 +39,77 @@ def lazy_help(**helps: Callable[[], str]) -> type[TyperCommand]:
     return LazyHelpCommand
 
 
+# Command groups that a method brings: loaded when named (or listed by --help), as "module:attribute" of a
+# typer.Typer or click command. fedmerge's own are listed here; other packages add theirs through the entry-point
+# group below (docs/api/plugins.md), skipped like installed plugins under FEDMERGE_DISABLE_PLUGIN_AUTOLOAD=1.
+METHOD_COMMANDS = {"livar": "fedmerge.cli.livar:livar_app"}
+COMMANDS_ENTRY_POINT = "fedmerge.cli"
+AUTOLOAD_OFF = "FEDMERGE_DISABLE_PLUGIN_AUTOLOAD"  # the same switch as fedmerge.core.plugins' (not imported: slow)
+
+
+def method_commands() -> dict[str, tuple[str, str]]:
+    """Name -> (where it comes from, "module:attribute") of every method command group: fedmerge's own, then the
+    installed packages' (a name fedmerge already uses keeps fedmerge's command)."""
+    import os
+    from importlib.metadata import entry_points
+
+    found = {name: ("fedmerge", ref) for name, ref in METHOD_COMMANDS.items()}
+    if os.environ.get(AUTOLOAD_OFF, "") in ("", "0"):
+        for ep in sorted(entry_points(group=COMMANDS_ENTRY_POINT), key=lambda ep: ep.name):
+            found.setdefault(ep.name, (f"installed command {ep.name!r} (entry point {COMMANDS_ENTRY_POINT})", ep.value))
+    return found
+
+
+def load_command(name: str, origin: str, ref: str) -> click.Command:
+    """The click command behind ``ref``; one that cannot be loaded becomes a command that says why in one line."""
+    from importlib import import_module
+
+    module, _, attribute = ref.partition(":")
+    try:
+        obj = getattr(import_module(module.strip()), attribute.strip() or "app")
+        command = typer.main.get_group(obj) if isinstance(obj, typer.Typer) else obj
+        if not isinstance(command, click.Command):
+            raise TypeError(f"{ref} is a {type(obj).__name__}, not a typer.Typer or click command")
+    except Exception as exc:  # noqa: BLE001  (anything a plugin's module raises while it imports)
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        problem = f"{origin}: cannot import {ref} ({type(exc).__name__}: {first})"
+        if origin != "fedmerge":
+            problem += f"; {AUTOLOAD_OFF}=1 skips installed plugins"
+
+        def broken() -> None:
+            fail(problem, 2)
+
+        return click.Command(  # any arguments, --help too: the one line
+            name,
+            callback=broken,
+            help=f"(not loaded: {problem})",
+            add_help_option=False,
+            context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+        )
+    command.name = name
+    return command
+
+
+class MethodCommandsGroup(TyperGroup):
+    """fedmerge's command group, with the method command groups ([`method_commands`][fedmerge.cli.app.method_commands])
+    after the built-in commands, each imported only when named or when ``--help`` lists it."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        own = super().list_commands(ctx)
+        return [*own, *(name for name in method_commands() if name not in own)]
+
+    _loaded: dict[tuple[str, str, str], click.Command] = {}  # imported once per process
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        command = super().get_command(ctx, cmd_name)
+        if command is None and (found := method_commands().get(cmd_name)) is not None:
+            key = (cmd_name, *found)
+            command = self._loaded[key] = self._loaded.get(key) or load_command(*key)
+        return command
+
+
 app = new_typer(
+    cls=MethodCommandsGroup,
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_show_locals=False,

@@ -1,4 +1,5 @@
-"""``fedmerge livar``: LIVAR's tools."""
+"""``fedmerge livar``: LIVAR's tools, a method command group (``METHOD_COMMANDS`` in cli/app.py: imported when
+named)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ from rich.table import Table
 
 from fedmerge.cli.app import (
     CONFIG_AND_OVERRIDES,
-    app,
     err,
     fail,
     new_typer,
@@ -20,9 +20,6 @@ from fedmerge.cli.app import (
 )
 
 livar_app = new_typer(no_args_is_help=True, help="LIVAR tools.")
-
-
-app.add_typer(livar_app, name="livar")
 
 
 def _edges(text: str, name: str) -> tuple[float, ...]:

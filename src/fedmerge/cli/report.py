@@ -41,6 +41,22 @@ plot_app = new_typer(no_args_is_help=True, help="Plots drawn from run folders.")
 app.add_typer(plot_app, name="plot")
 
 
+@plot_app.command("figures")
+def plot_figures_cmd(
+    run_dir: Path = typer.Argument(..., help="a finished run folder"),
+    out_dir: Path | None = typer.Option(None, "--out", help="folder for the PNGs (default: RUN_DIR)"),
+) -> None:
+    """Every figure the run's method declares, as OUT/NAME.png (FedMerge: merge_weights; a plugin's own)."""
+    from fedmerge.report.method_figures import draw_figures
+
+    try:
+        paths = draw_figures(run_dir, out_dir)
+    except (OSError, ValueError) as exc:  # ValueError: no figure for this run, a plugin that cannot be imported
+        fail(_plot_error(exc, out_dir), 2)
+    for path in paths:
+        out.print(f"plot saved to {path}", soft_wrap=True, highlight=False)
+
+
 @plot_app.command("merge-weights")
 def plot_merge_weights_cmd(
     run_dir: Path = typer.Argument(..., help="a FedMerge run folder"),

@@ -121,6 +121,8 @@ def print_summary(summary: dict[str, Any]) -> None:
     gap = summary.get("local_gap")
     if gap:
         out.print(f"local-global gap (train loss received - trained): mean {gap['mean']:.4f}, last {gap['last']:.4f}")
-    recovery = summary.get("cluster_recovery")
-    if recovery:
-        out.print(f"cluster recovery (ARI, argmax merge weight vs true group): {recovery['ari']:.4f}")
+    from fedmerge.algorithms import ALGORITHMS  # imported by the run already
+
+    for line in ALGORITHMS.hooks(summary.get("algorithm")).lines(summary):  # e.g. FedMerge's cluster recovery
+        if line:
+            out.print(line, soft_wrap=True, highlight=False, markup=False)

@@ -23,6 +23,7 @@ from typing import Any, ClassVar, Protocol
 import torch
 from torch import nn
 
+from .method_hooks import NO_HOOKS, MethodHooks
 from .privacy import PrivateGradients
 from .registry import ComponentConfig, Registry
 from .secure_sum import SummedUpdates
@@ -282,4 +283,32 @@ class Algorithm(ABC):
         return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-ALGORITHMS: Registry[type[Algorithm]] = Registry("algorithm")
+class AlgorithmRegistry(Registry[type[Algorithm]]):
+    """The methods' registry: a method's entry may also carry its
+    [`MethodHooks`][fedmerge.core.method_hooks.MethodHooks] (summary fields, summary lines, report figures), which
+    the run, report and CLI floors look up by the method's name."""
+
+    def __init__(self) -> None:
+        super().__init__("algorithm")
+        self._hooks: dict[str, MethodHooks] = {}
+
+    def register(
+        self, name: str, *, config: type[ComponentConfig], description: str, hooks: MethodHooks | None = None
+    ) -> Callable[[type[Algorithm]], type[Algorithm]]:
+        add = super().register(name, config=config, description=description)
+
+        def decorator(obj: type[Algorithm]) -> type[Algorithm]:
+            add(obj)  # refuses a second registration before any hook is kept
+            if hooks is not None:
+                self._hooks[name] = hooks
+            return obj
+
+        return decorator
+
+    def hooks(self, name: str | None) -> MethodHooks:
+        """The hooks of method ``name``; none for a method without them or one not registered in this process
+        (a run folder of a plugin's method read without the plugin)."""
+        return self._hooks.get(name or "", NO_HOOKS)
+
+
+ALGORITHMS = AlgorithmRegistry()

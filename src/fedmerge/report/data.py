@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import yaml
@@ -129,15 +128,3 @@ def client_accuracies(record: RunRecord) -> list[float]:
     if chosen is None:
         return []
     return [m["test_acc"] for m in chosen["eval"]["clients"].values() if "test_acc" in m]
-
-
-def has_merge_weights(run_dir: Path) -> bool:
-    return _any_row(run_dir, lambda r: "merge_weights" in r.get("server", {}))
-
-
-def has_lambda_curve(run_dir: Path) -> bool:
-    return _any_row(run_dir, lambda r: any(k.startswith("lambda=") for k in r.get("summary", {})))
-
-
-def _any_row(run_dir: Path, test: Any) -> bool:
-    return any(test(r) for r in RunStore(run_dir).read_metrics())

@@ -2,10 +2,10 @@
 
 No network and no scripts: the CSS is inline and every figure is a matplotlib PNG inlined as base64.
 The page shows the comparison tables, learning curves per method (seeds as a +- std band), per-client
-accuracy distributions, the partition of each setting, the parameter budget, FedMerge merge-weight
-heatmaps, SuPerFed lambda curves, privacy-utility curves (epsilon against accuracy) where runs used
-differential privacy, the failures, and per run its resolved config and the commands that
-made it (from ``provenance.jsonl``).
+accuracy distributions, the partition of each setting, the parameter budget, the figures each run's method
+declares (its registry hooks: FedMerge's merge-weight heatmaps, SuPerFed's lambda curves), privacy-utility
+curves (epsilon against accuracy) where runs used differential privacy, the failures, and per run its resolved
+config and the commands that made it (from ``provenance.jsonl``).
 """
 
 from __future__ import annotations
@@ -24,11 +24,10 @@ from fedmerge.report.data import (
     band,
     client_accuracies,
     find_runs,
-    has_lambda_curve,
-    has_merge_weights,
     in_progress_notes,
     learning_curve,
 )
+from fedmerge.report.method_figures import figure_kinds, figures_of, method_of, read_run_folder
 from fedmerge.run.provenance import package_version, read_provenance
 from fedmerge.run.results import CONFIG_FILE
 
@@ -43,6 +42,17 @@ class Figure:
 
 
 @dataclass
+class MethodSection:
+    """The figures of one kind that the runs' methods declare (``ReportFigure``), one per method and setting."""
+
+    anchor: str
+    title: str
+    note: str
+    empty: str
+    figures: list[Figure] = field(default_factory=list)
+
+
+@dataclass
 class Report:
     title: str
     generated: str
@@ -54,8 +64,7 @@ class Report:
     clients: list[Figure] = field(default_factory=list)
     partitions: list[Figure] = field(default_factory=list)
     budget: Figure | None = None
-    merge_weights: list[Figure] = field(default_factory=list)
-    lambdas: list[Figure] = field(default_factory=list)
+    method_sections: list[MethodSection] = field(default_factory=list)
     privacy: list[Figure] = field(default_factory=list)
     not_private: list[str] = field(default_factory=list)  # runs whose DP noise follows from the seed
     runs: list[dict[str, Any]] = field(default_factory=list)
@@ -85,6 +94,8 @@ def build_report(
     )
     colors = {m: f"C{i % 10}" for i, m in enumerate(dict.fromkeys(r.method for r in records))}
     settings = list(dict.fromkeys(r.setting for r in records))
+    drawn: dict[str, list[Figure]] = {}  # figure name -> one per method and setting
+    methods: set[str] = set()  # the algorithms of the runs drawn from
     for setting in settings:
         mine = [r for r in records if r.setting == setting and r.run_dir is not None]
         report.curves.append(_safe(f"{setting}", lambda m=mine: _curves_figure(m, colors)))
@@ -96,13 +107,24 @@ def build_report(
             run = next((r for r in mine if r.method == method and r.status == DONE), None)
             if run is None:
                 continue
-            if has_merge_weights(run.run_dir):
-                report.merge_weights.append(_safe(f"{setting}: {run.key}", lambda d=run.run_dir: _merge_png(d)))
-            if has_lambda_curve(run.run_dir):
-                report.lambdas.append(_safe(f"{setting}: {run.key}", lambda d=run.run_dir: _lambda_png(d)))
+            try:
+                folder = read_run_folder(run.run_dir)
+                figures = figures_of(folder)
+                methods.add(method_of(run.run_dir) or "")
+            except ValueError as exc:  # a plugin that cannot be imported (PluginError): its figures are left out
+                (notify or (lambda message: None))(f"warning: {exc}")
+                continue
+            for figure in figures:
+                drawn.setdefault(figure.name, []).append(
+                    _safe(f"{setting}: {run.key}", lambda f=figure, r=folder: _png_file(lambda path: f.draw(r, path)))
+                )
         done_here = [r.run_dir for r in mine if r.status == DONE]
         if any("privacy" in (r.summary or {}) for r in mine if r.status == DONE):
             report.privacy.append(_safe(f"{setting}", lambda d=done_here: _privacy_png(d)))
+    report.method_sections = [
+        MethodSection(f.name.replace("_", "-"), f.title, f.note, f.empty, drawn.get(f.name, []))
+        for f in figure_kinds(methods)
+    ]
     done = [r for r in records if r.status == DONE]
     if done:
         report.budget = _safe("mean over seeds of each method and setting", lambda: _budget_png(done))
@@ -222,18 +244,6 @@ def _budget_png(records: list[RunRecord]) -> str:
         groups.setdefault(key, []).append(point)
     points = [{**g[0], "accuracy": sum(p["accuracy"] for p in g) / len(g)} for g in groups.values()]
     return png_of(budget_figure(points))
-
-
-def _merge_png(run_dir: Path) -> str:
-    from fedmerge.report.plot_merge_weights import plot_merge_weights
-
-    return _png_file(lambda path: plot_merge_weights(run_dir, path))
-
-
-def _lambda_png(run_dir: Path) -> str:
-    from fedmerge.report.plot_lambda import plot_lambda
-
-    return _png_file(lambda path: plot_lambda(run_dir, path))
 
 
 def _privacy_png(run_dirs: list[Path]) -> str:

@@ -1,18 +1,15 @@
-"""``fedmerge plot lambda RUN_DIR``: accuracy along the interpolation line (SuPerFed Fig. 3 / A2).
-
-Reads the ``lambda=<x>/<split>_acc`` client summaries that SuPerFed (and APFL with ``lambda_steps``)
-log at evaluation rounds, and draws the mean across clients with a +- std band, plus the
-personalised model (best lambda per client, chosen on validation by default) as a reference line.
-"""
+"""``fedmerge plot lambda RUN_DIR``: accuracy along the interpolation line (SuPerFed Fig. 3 / A2) of a run folder,
+drawn by the methods' own [`draw_lambda`][fedmerge.algorithms.lambda_line.draw_lambda]."""
 
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import Any
 
-_KEY = re.compile(r"^lambda=([0-9.eE+-]+)/(\w+)_acc$")
+from fedmerge.algorithms.lambda_line import draw_lambda, lambda_curve
+
+__all__ = ["lambda_curve", "plot_lambda", "read_rows"]
 
 
 def read_rows(run_dir: str | Path) -> list[dict[str, Any]]:
@@ -28,66 +25,10 @@ def read_rows(run_dir: str | Path) -> list[dict[str, Any]]:
     return rows
 
 
-def lambda_curve(rows: list[dict[str, Any]], split: str = "test", rnd: int | None = None) -> dict[str, Any]:
-    """{round, lambdas, mean, std, personalized: (mean, std), best_lambda_counts} for one evaluation round
-    (the last one that has the line, unless ``rnd``)."""
-    candidates = [
-        r
-        for r in rows
-        if "summary" in r and any(_KEY.match(k) for k in r["summary"]) and (rnd is None or r["round"] == rnd)
-    ]
-    if not candidates:
-        raise ValueError("no lambda=.../..._acc metrics in this run (SuPerFed logs them once mixing has started)")
-    row = candidates[-1]
-    points = sorted(
-        (float(m.group(1)), v) for k, v in row["summary"].items() if (m := _KEY.match(k)) and m.group(2) == split
-    )
-    personal = row["summary"].get(f"{split}_acc", {})
-    # which lambda each client's personalised model is (the first one whose val acc equals the best)
-    counts: dict[float, int] = {}
-    for metrics in row.get("eval", {}).get("clients", {}).values():
-        line = {float(m.group(1)): v for k, v in metrics.items() if (m := _KEY.match(k)) and m.group(2) == "val"}
-        if line:
-            best = max(line.items(), key=lambda kv: kv[1])[0]
-            counts[best] = counts.get(best, 0) + 1
-    return {
-        "round": row["round"],
-        "lambdas": [p[0] for p in points],
-        "mean": [p[1]["mean"] for p in points],
-        "std": [p[1]["std"] for p in points],
-        "personalized": (personal.get("mean"), personal.get("std")),
-        "best_lambda_counts": dict(sorted(counts.items())),
-    }
-
-
 def plot_lambda(
     run_dir: str | Path, out: str | Path | None = None, split: str = "test", rnd: int | None = None
 ) -> Path:
     """Draw mean +- std client accuracy against lambda; returns the image path (default RUN_DIR/lambda.png)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
     run_dir = Path(run_dir)
     curve = lambda_curve(read_rows(run_dir), split, rnd)
-    lam, mean, std = (np.asarray(curve[k], dtype=float) for k in ("lambdas", "mean", "std"))
-    fig, ax = plt.subplots(figsize=(5, 3.5))
-    ax.plot(lam, mean, "o-", color="tab:orange", label="W(lambda), mean over clients")
-    ax.fill_between(lam, mean - std, mean + std, color="tab:orange", alpha=0.2, label="+- std")
-    p_mean, p_std = curve["personalized"]
-    if p_mean is not None:
-        ax.axhline(p_mean, color="tab:blue", ls="--", label=f"personalised (best lambda): {p_mean:.3f}")
-    ax.set_xlabel("lambda  (0 = federated model, 1 = local model)")
-    ax.set_ylabel(f"{split} accuracy")
-    ax.set_xlim(-0.02, 1.02)
-    ax.set_title(f"{run_dir.name}: round {curve['round']}", fontsize=9)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="lower center")
-    fig.tight_layout()
-    path = Path(out) if out is not None else run_dir / "lambda.png"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return draw_lambda(curve, Path(out) if out is not None else run_dir / "lambda.png", run_dir.name, split)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from fedmerge.algorithms import ALGORITHMS  # importing it registers the built-in methods and their hooks
 from fedmerge.metrics import summarize
 
 HEADLINE = ("test_acc", "test_top5", "test_rouge1", "test_nll", "test_ece", "test_mce")
@@ -52,11 +53,7 @@ def build_summary(rows: list[dict[str, Any]], info: dict[str, Any]) -> dict[str,
     diverged = divergence(rows, info.get("num_classes"))
     if diverged:
         summary["diverged"] = diverged
-    groups = info.get("client_groups")
-    if groups is not None:
-        recovery = cluster_recovery(rows, groups)
-        if recovery:
-            summary["cluster_recovery"] = recovery
+    summary |= method_extras(rows, summary)
     if not evals:
         return summary
     last = evals[-1]
@@ -80,6 +77,31 @@ def build_summary(rows: list[dict[str, Any]], info: dict[str, Any]) -> dict[str,
             **unseen_part(best),  # the round chosen on the participants' validation loss only
         }
     return summary
+
+
+# the fields build_summary writes itself: a method's summary_extras may not replace them
+OWN_FIELDS = frozenset(
+    {
+        "rounds_completed",
+        "communication_per_client_per_round",
+        "parameter_budget",
+        "local_gap",
+        "diverged",
+        "last",
+        "best_val",
+    }
+)
+
+
+def method_extras(rows: list[dict[str, Any]], info: dict[str, Any]) -> dict[str, Any]:
+    """The run's method's own summary fields (its registry hooks' ``summary_extras``, e.g. FedMerge's
+    ``cluster_recovery``); a field that would replace one of the summary's own is refused in one line."""
+    name = info.get("algorithm")
+    extras = ALGORITHMS.hooks(name).extras(rows, info)
+    taken = sorted(set(extras) & (OWN_FIELDS | set(info)))
+    if taken:
+        raise ValueError(f"summary_extras of {name}: {', '.join(taken)} is a field the summary already has")
+    return extras
 
 
 def named_clients(per_client: dict[Any, dict[str, float]], names: list[str]) -> list[dict[str, Any]]:
@@ -189,32 +211,6 @@ def local_gap_summary(rows: list[dict[str, Any]]) -> dict[str, float]:
     }
 
 
-def cluster_recovery(rows: list[dict[str, Any]], groups: list[int | None]) -> dict[str, Any]:
-    """Adjusted Rand index between each client's argmax merge weight and its true group, at the
-    last round that logged merge weights (``server.merge_weights``, or the evaluated clients'
-    ``server.merge_weights_clients``)."""
-    if any(g is None for g in groups):
-        return {}
-    from sklearn.metrics import adjusted_rand_score
-
-    per_round = {}
-    for r in rows:
-        server = r.get("server", {})
-        if "merge_weights" in server and len(server["merge_weights"]) == len(groups):
-            truth, weights = groups, server["merge_weights"]
-        elif "merge_weights_clients" in server:  # evaluated clients only (eval_clients: sample:K, participants)
-            truth = [groups[int(c)] for c in server["merge_weights_clients"]]
-            weights = list(server["merge_weights_clients"].values())
-        else:
-            continue
-        argmax = [max(range(len(row)), key=row.__getitem__) for row in weights]
-        per_round[r["round"]] = float(adjusted_rand_score(truth, argmax))
-    if not per_round:
-        return {}
-    last = max(per_round)
-    return {"round": last, "ari": per_round[last], "ari_by_round": {str(k): v for k, v in sorted(per_round.items())}}
-
-
 def privacy_lines(privacy: dict[str, Any] | None) -> list[str]:
     """summary.md's lines on the guarantees spent (none without a privacy section)."""
     if not privacy:
@@ -294,11 +290,5 @@ def summary_markdown(summary: dict[str, Any]) -> str:
     named = (summary.get("last") or {}).get("by_client")
     if named is not None:
         lines += named_clients_markdown(named, len(summary.get("client_names") or named))
-    recovery = summary.get("cluster_recovery")
-    if recovery:
-        lines += [
-            "",
-            f"cluster recovery (ARI of argmax merge weight vs. true group) at round "
-            f"{recovery['round']}: {recovery['ari']:.4f}",
-        ]
+    lines += ALGORITHMS.hooks(summary.get("algorithm")).lines(summary)  # e.g. FedMerge's cluster recovery
     return "\n".join(lines) + "\n"
