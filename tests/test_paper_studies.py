@@ -111,6 +111,7 @@ PAPER: dict[str, dict[str, Any]] = {
     r"fedmerge_t\d_cluster": {"partition.name": "cluster", "partition.num_groups": 5},
     r"fedmerge_t5": {"rounds": 20, "algorithm.batch_size": 8, "dataset.max_tokens": 512, "model.r": 8,
                      "model.model": "meta-llama/Meta-Llama-3-8B", "partition.name": "natural"},
+    r"fedmerge_t5_xquad": {"dataset.over_length": "drop"},  # Sec. 4.7: XQuAD's samples over 512 tokens skipped
     r"superfed_t1_mnist_k(50|100|500)": {**SF, "rounds": 500, "algorithm.local_epochs": 10, "algorithm.batch_size": 10,
                                          "algorithm.lr": 0.01, "model.name": "twonn", "partition.name": "shards"},
     r"superfed_t1_cifar10_k(50|100|500)": {**SF, "rounds": 500, "algorithm.local_epochs": 10,

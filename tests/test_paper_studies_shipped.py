@@ -4,6 +4,7 @@ run folder exists, the paper's values beside ours in the report, and the dry run
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from collections import namedtuple
 from pathlib import Path
@@ -119,7 +120,7 @@ def test_list_study_shows_every_packaged_study_with_its_hours_and_downloads():
     for name in packaged_studies():
         assert name in result.output
     row = next(line for line in result.output.splitlines() if "fedmerge_t5_xnli" in line)
-    assert "│ 33 " in row and "meta-llam" in row  # the downloads column (folded to the terminal width)
+    assert "│ 33 " in row and "XNLI 1.0" in row  # the downloads column (folded to the terminal width)
     assert "together about 2,625 GPU hours" in result.output
 
 
@@ -246,6 +247,69 @@ def test_paper_entries_change_no_run_name_nor_run_config(tmp_path):
     assert [run_overrides(m, p, 0) for m in a.methods for p in m.points()] == [
         run_overrides(m, p, 0) for m in b.methods for p in m.points()
     ]
+
+
+PAPER_FILES = sorted((ROOT / "studies" / "paper").glob("*.yaml"))
+
+
+def without_the_paper(text: str) -> str:
+    """The study file with its ``paper:`` values and its ``claims:`` block taken out."""
+    lines = [line for line in text.splitlines() if not line.strip().startswith("paper: {")]
+    if "claims:" in (keys := [line.split(" ", 1)[0] for line in lines]):
+        start = keys.index("claims:")
+        end = next((i for i in range(start + 1, len(lines)) if not lines[i].startswith(("- ", "#"))), len(lines))
+        lines = lines[:start] + lines[end:]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("path", PAPER_FILES, ids=lambda p: p.stem)
+def test_no_paper_studys_values_or_claims_change_its_runs(path: Path, tmp_path):
+    text = path.read_text()
+    stripped = without_the_paper(text)
+    assert "paper: {" not in stripped and "\nclaims:" not in stripped and stripped != text
+    for name, content in (("with.yaml", text), ("without.yaml", stripped)):
+        (tmp_path / name).write_text(content)
+    a, b = (load_study_file(tmp_path / n).at() for n in ("with.yaml", "without.yaml"))
+    assert not b.claims and not any(m.paper for m in b.methods)
+    assert [run_overrides(m, p, s) for m in a.methods for p in m.points() for s in a.seeds] == [
+        run_overrides(m, p, s) for m in b.methods for p in m.points() for s in b.seeds
+    ]
+    assert a.model_copy(update={"claims": []}).model_dump(exclude={"methods": {"__all__": {"paper"}}}) == b.model_dump(
+        exclude={"methods": {"__all__": {"paper"}}}
+    )
+
+
+def comment_sentences(text: str) -> list[str]:
+    """The file's comments, sentence by sentence: a comment's indented lines ("#   ...") continue it."""
+    comments: list[str] = []
+    for line in text.splitlines():
+        if line.startswith("#   ") and comments:
+            comments[-1] += " " + line[1:].strip()
+        elif line.startswith("#"):
+            comments.append(line[1:].strip())
+    return [s for c in comments for s in re.split(r"[.;]\s", c)]
+
+
+@pytest.mark.parametrize("path", PAPER_FILES, ids=lambda p: p.stem)
+def test_every_paper_study_gives_the_papers_values_and_claims_its_own_numbers_bear_out(path: Path):
+    """Every row the paper reports carries its value, and a row without one says why in a comment (not in the
+    paper's table, or no number there); the claims are declared (an empty list where the paper makes none), and
+    each is borne out by the paper's own numbers: the higher row's published value above the lower row's (a
+    claim the paper's table contradicts is left out, and the comment says so)."""
+    text = path.read_text()
+    study = load_study_file(path).at()
+    assert "claims" in yaml.safe_load(text)
+    metric = study.metric.name
+    for m in study.methods:
+        if m.paper:
+            assert metric in m.paper, (path.stem, m.label)
+        else:
+            why = [s for s in comment_sentences(text) if m.label in s]
+            assert any(w in s for s in why for w in ("no value", "not a row", "not in")), (path.stem, m.label)
+    value = {m.label: m.paper.get(metric) for m in study.methods}
+    for c in study.claims:
+        assert value[c.higher] is not None and value[c.lower] is not None, (path.stem, c)
+        assert value[c.higher] > value[c.lower], (path.stem, c.higher, c.lower)
 
 
 def test_a_paper_value_must_name_the_metric_or_a_column(tiny):
