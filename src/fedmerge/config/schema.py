@@ -20,10 +20,8 @@ from pydantic import (
     Field,
     StringConstraints,
     ValidationError,
-    ValidationInfo,
     create_model,
     field_validator,
-    model_validator,
 )
 
 from fedmerge.algorithms import ALGORITHMS
@@ -31,6 +29,10 @@ from fedmerge.algorithms.privacy_settings import PrivacySettings
 from fedmerge.config.errors import CONFIG_FILE as CONFIG_FILE
 from fedmerge.config.errors import ConfigError as ConfigError
 from fedmerge.config.schema_docs import did_you_mean, keys_at
+from fedmerge.config.sections import FlowerSettings as FlowerSettings
+from fedmerge.config.sections import LogSettings as LogSettings
+from fedmerge.config.sections import StateSettings as StateSettings
+from fedmerge.config.sections import UnseenSettings as UnseenSettings
 from fedmerge.config.sources import COMPONENT_SECTIONS
 from fedmerge.config.sources import USER_FILE_DATASETS as USER_FILE_DATASETS
 from fedmerge.config.sources import apply_overrides as apply_overrides
@@ -57,7 +59,6 @@ DEFAULT_CONFIG: dict[str, Any] = {
 
 RUN_NAME = re.compile(r"^[A-Za-z0-9_.+-]+$")
 MODULE_NAME = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
-RAY_ADDRESS = re.compile(r"^[^\s:/]+:[0-9]{1,5}$")  # HOST:PORT, as `ray start --address` takes it
 
 
 def make_folder(path: Path, option: str, exist_ok: bool = True) -> Path:
@@ -68,93 +69,6 @@ def make_folder(path: Path, option: str, exist_ok: bool = True) -> Path:
     except OSError as exc:  # FileExistsError too: a file of that name (or, with exist_ok=False, anything)
         raise ConfigError(f"{option}: cannot create {path} ({exc.strerror})") from None
     return path
-
-
-class FlowerSettings(BaseModel):
-    """``flower:`` section, read only with ``engine: flower`` (docs/deployment.md)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    min_replies: int = Field(1, ge=1, description="fewest training replies a round needs (capped at those selected)")
-    max_retries: int = Field(1, ge=0, description="resends to the failed clients when a round has too few replies")
-    round_timeout: float = Field(600.0, gt=0, description="seconds to wait for the replies to one round's messages")
-    connect_timeout: float = Field(120.0, gt=0, description="seconds to wait for a SuperNode for every partition")
-    num_cpus: int | None = Field(None, ge=1, description="simulation: CPUs a private Ray may use (None: all)")
-    client_cpus: float = Field(1.0, gt=0, description="simulation: CPUs reserved per ClientApp")
-    client_gpus: float = Field(0.0, ge=0, description="simulation: GPUs reserved per ClientApp")
-    ray_address: str | None = Field(
-        None,
-        description="simulation: join this running Ray cluster and run the ClientApps on its nodes (auto: the one "
-        "RAY_ADDRESS names, else the one `ray start` made on this machine; HOST:PORT: its head); null: a private "
-        "Ray on this machine, whatever cluster runs or RAY_ADDRESS names",
-    )
-
-    @field_validator("ray_address")
-    @classmethod
-    def _valid_ray_address(cls, value: str | None) -> str | None:
-        if value is not None and value != "auto" and not RAY_ADDRESS.match(value):
-            raise ValueError("auto, or HOST:PORT of a Ray cluster's head (ray start --head --port PORT)")
-        return value
-
-    @model_validator(mode="after")
-    def _cpus_of_a_private_ray(self) -> FlowerSettings:
-        if self.ray_address is not None and self.num_cpus is not None:
-            raise ValueError("num_cpus sizes a private Ray; a joined cluster (ray_address) has its own CPUs")
-        return self
-
-
-class LogSettings(BaseModel):
-    """``log:`` section: extra outputs of a run (they do not change its numbers)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    tensorboard: bool = Field(
-        False,
-        description="also write TensorBoard scalars to RUN_DIR/tensorboard (pip install -e '.[tensorboard]')",
-    )
-
-
-class StateSettings(BaseModel):
-    """``state:`` section: client states on disk (engine=local), for populations whose states do not fit in RAM.
-
-    States live in an LMDB store in RUN_DIR/checkpoints/clients; each checkpoint then writes the server
-    state plus only the client states its round changed. Results are the same as with states in memory."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    cache_size: int = Field(256, ge=0, description="client states kept decoded in memory (least recently used go)")
-
-
-class UnseenSettings(BaseModel):
-    """``unseen:`` section: how clients that never trained (``split.unseen_clients``) are onboarded.
-
-    At every evaluation round each such client receives what the method sends a newcomer, builds its model
-    from it and its own training split by the method's rule (docs/guide/unseen-clients.md) and is
-    tested on its test split; its metrics are logged as ``eval_unseen`` and never select a round."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    adapt_epochs: int = Field(
-        0, ge=0, description="epochs of adaptation on the newcomer's training split (0: the method's model as sent)"
-    )
-    adapt_lr: float | None = Field(
-        None,
-        gt=0,
-        description="the newcomers' learning rate when they adapt (and fine-tune); null: the method's own lr, "
-        "which was tuned for federated rounds, not for one client alone",
-    )
-    also_adapt_epochs: tuple[Annotated[int, Field(ge=0)], ...] = Field(
-        (),
-        description="more budgets onboarded from the same server state at the same rounds, each logged as "
-        "eval_unseen_adaptN: one training compares several budgets (empty: only adapt_epochs)",
-    )
-
-    @field_validator("also_adapt_epochs")
-    @classmethod
-    def _distinct_budgets(cls, value: tuple[int, ...], info: ValidationInfo) -> tuple[int, ...]:
-        if len(set(value)) != len(value) or info.data.get("adapt_epochs") in value:
-            raise ValueError("each budget once, and not adapt_epochs again")
-        return value
 
 
 class RunSettings(BaseModel):
