@@ -1,115 +1,12 @@
-"""Write the confirmation study of an exploration study: its rows at the points they chose, on fresh seeds.
+"""Moved into the package: ``python -m fedmerge.study.confirmation STUDY.yaml [options]``; this runs it with this
+checkout as the repository root."""
 
-    python scripts/confirmation_study.py studies/STUDY.yaml --revision REV --seeds 100-104 \
-        --set split.test_per_client=150 --set dataset.subsample_seed=run
-
-Reads the exploration study (at ``--revision``, default its latest) and the points its report's JSON
-says each row chose (``docs/reproductions/*/*/STUDY[_REV].json``), and writes
-``configs/repro/confirm/NAME.yaml`` (the base config with ``--set`` keys) and
-``studies/confirm/NAME.yaml``: one point per row, the exploration's reference settings (its learning
-rates written out, since the Local row now has one), ``explored_on`` = every seed the exploration
-used, ``confirms`` = the study and revision, and its ``claims``. The chosen points are never chosen again.
-"""
-
-from __future__ import annotations
-
-import argparse
-import json
+import sys
 from pathlib import Path
 
-import yaml
-
-from fedmerge.config.schema import parse_override
-from fedmerge.study.spec import LATEST, load_study_file
-
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def seeds(text: str) -> list[int]:
-    lo, _, hi = text.partition("-")
-    return list(range(int(lo), int(hi or lo) + 1))
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("study", type=Path)
-    ap.add_argument("--revision", default=LATEST)
-    ap.add_argument("--seeds", type=seeds, default=seeds("100-104"))
-    ap.add_argument("--set", action="append", default=[], help="KEY=VALUE added to the base config")
-    args = ap.parse_args()
-
-    history = load_study_file(args.study).history(args.revision)
-    study = history[-1]
-    name = args.study.stem + (f"_{study.revision}" if study.revision else "")
-    found = list((ROOT / "docs" / "reproductions").glob(f"*/*/{name}.json"))
-    if len(found) != 1:
-        raise SystemExit(f"error: expected one report JSON named {name}.json under docs/reproductions, found {found}")
-    chosen = {label: row["chosen"] for label, row in json.loads(found[0].read_text())["rows"].items()}
-
-    base = yaml.safe_load((ROOT / study.base).read_text())
-    for text in args.set:
-        path, value = parse_override(text)
-        node = base
-        for key in path[:-1]:
-            node = node.setdefault(key, {})
-        node[path[-1]] = value
-    base["name"] = f"{base['name']}-confirm"
-    confirm_name = f"{name}_confirm"
-    base_path = ROOT / "configs" / "repro" / "confirm" / f"{confirm_name}.yaml"
-    base_path.parent.mkdir(parents=True, exist_ok=True)
-    head = f"# The base of {args.study.name}'s runs ({study.base}) with: {', '.join(args.set) or 'nothing changed'}.\n"
-    base_path.write_text(head + "# Written by scripts/confirmation_study.py.\n" + yaml.safe_dump(base, sort_keys=False))
-
-    explored = sorted({s for st in history for s in [*st.seeds, st.tuning_seed]})
-    regime = study.regime.model_dump(exclude_defaults=False)
-    regime["lrs"] = study.reference_lrs()
-    rows, kept_head_rule = [], False
-    for m in study.methods:
-        point = chosen[m.label]
-        overrides = list(m.overrides)
-        if "algorithm.preset=reference" in overrides and not any(
-            o.startswith("algorithm.merge_grad=") for o in overrides
-        ):
-            # the exploration ran the reference preset's former head rule (FedMerge's FORMER_PRESET_VALUES)
-            overrides.append("algorithm.merge_grad=head")
-            kept_head_rule = True
-        rows.append({"label": m.label, "overrides": overrides, "grid": {k: [v] for k, v in point.items()}})
-    spec = {
-        "title": f"Confirmation on fresh seeds: {study.title}",
-        "description": (
-            f"The rows of {args.study.name}{f' (revision {study.revision})' if study.revision else ''} at the points "
-            f"they chose on seed {study.tuning_seed}, run on seeds {args.seeds[0]}-{args.seeds[-1]}, none of which "
-            f"informed any setting (the study was explored on seeds {explored}). Base changes: "
-            f"{', '.join(args.set) or 'none'}. "
-            + (
-                "Reference-mode rows keep the former head rule they were explored with (algorithm.merge_grad=head). "
-                if kept_head_rule
-                else ""
-            )
-            + f"The exploration study: {study.description}"
-        ),
-        "base": str(base_path.relative_to(ROOT)),
-        "seeds": args.seeds,
-        "tune_seed": args.seeds[0],
-        "explored_on": explored,
-        "confirms": f"{args.study.as_posix()}{f' revision {study.revision}' if study.revision else ''}",
-        "columns": study.columns,
-        "metric": study.metric.model_dump(),
-        "regime": regime,
-        "local_row": study.local_row,
-        "fedavg_row": study.fedavg_row,
-        "claims": [claim.model_dump() for claim in study.claims],  # judged again, on the fresh seeds
-        "methods": rows,
-    }
-    out = ROOT / "studies" / "confirm" / f"{confirm_name}.yaml"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(
-        "# Written by scripts/confirmation_study.py; do not tune on these seeds.\n"
-        + yaml.safe_dump(spec, sort_keys=False, width=110)
-    )
-    load_study_file(out)  # validates (fresh seeds, one point per row)
-    print(f"wrote {out.relative_to(ROOT)} and {base_path.relative_to(ROOT)}")
-
+sys.path.insert(0, str(ROOT / "src"))  # this checkout's fedmerge
+from fedmerge.study.confirmation import main  # noqa: E402
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:], root=ROOT)

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from fedmerge.study import moved_reproductions
+from fedmerge.study import reproductions_index as index_module
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs" / "reproductions"
@@ -17,24 +20,14 @@ HAND_WRITTEN = {"HISTORY.md", "READING.md"}
 TOP_LEVEL = {"README.md", "TABLES.md", "verdicts.md", "MOVED.md"}
 
 
-def load_script(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up while the script loads
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def index():
-    return load_script("reproductions_index")
+    return index_module
 
 
 def full_history() -> None:
     """The late-declaration marks are read from git history (when each claim was committed): a shallow clone
     or a copy without .git cannot regenerate them."""
-    import subprocess
-
     root = DOCS.parents[1]
     ask = ["git", "-C", str(root), "rev-parse", "--is-shallow-repository"]
     shallow = subprocess.run(ask, capture_output=True, text=True)
@@ -47,12 +40,21 @@ def test_running_the_generator_writes_the_committed_readme_and_tables(index, tmp
     # Everything the generator reads (JSON files, verdicts.md, HISTORY.md and READING.md), none of its output.
     docs = tmp_path / "reproductions"
     shutil.copytree(DOCS, docs, ignore=shutil.ignore_patterns("*.png", "archive", "README.md", "TABLES.md"))
-    assert index.main(["--docs", str(docs)]) == 0
+    assert index.main(["--docs", str(docs)], root=ROOT) == 0
     for name in ("README.md", "TABLES.md"):
         assert (docs / name).read_text() == (DOCS / name).read_text(), f"{name}: run scripts/reproductions_index.py"
-    assert index.main(["--docs", str(docs), "--check"]) == 0
+    assert index.main(["--docs", str(docs), "--check"], root=ROOT) == 0
     (docs / "TABLES.md").write_text("edited by hand\n")
-    assert index.main(["--docs", str(docs), "--check"]) == 1
+    assert index.main(["--docs", str(docs), "--check"], root=ROOT) == 1
+
+
+def test_the_script_at_its_old_path_checks_this_checkout_from_any_folder(tmp_path):
+    """scripts/reproductions_index.py, named by the docs and the index itself, runs the package's command on
+    its own checkout wherever it is called from."""
+    full_history()
+    script = ROOT / "scripts" / "reproductions_index.py"
+    proc = subprocess.run([sys.executable, str(script), "--check"], cwd=tmp_path, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
 
 
 def test_the_readme_is_short_and_starts_with_the_study_of_record_table():
@@ -198,7 +200,7 @@ def test_every_relative_link_resolves(page):
 
 
 def test_relinking_repoints_a_moved_files_links_and_only_those(tmp_path):
-    check = load_script("check_moved_reproductions")
+    check = moved_reproductions
     moves = {"d/x.md": "d/p/f/x.md", "d/readings/x.md": "d/p/f/READING.md", "d/y.md": "d/p/g/y.md"}
     old = "See [../x.md](../x.md), [y](../y.md#t), [../v.md](../v.md) and [web](https://e.org/x.md)."
     new = check.relink(old, "d/readings/x.md", "d/p/f/READING.md", moves)

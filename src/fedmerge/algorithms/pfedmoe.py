@@ -31,7 +31,7 @@ minus its head. For the MLP 384-200-26 of the WordNet studies, an expert is the 
 2.55x Local's parameters (209,792 with the gate) to the same data.
 
 Why it trails Local in the WordNet cluster studies (configs/repro/fedmerge_wordnet_cluster6.yaml, seed
-0, lr 0.2; ``python scripts/pfedmoe_diagnose.py algorithm.lr=0.2 seed=0``; accuracies are client means
+0, lr 0.2; ``python benchmarks/pfedmoe_diagnose.py algorithm.lr=0.2 seed=0``; accuracies are client means
 over val+test, where Local scores 70.8 and pFedMoE 67.3). Not a bug: a two-round reference test checks
 what is trained, kept across rounds, averaged and evaluated. With ~21 training samples per client, the
 whole mixture fits them within a few rounds (mean training CE 0.19 at round 5, 0.05 at 10, 0.005 at 50;
