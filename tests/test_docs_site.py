@@ -4,6 +4,7 @@ a strict build (broken links and anchors fail it), and two built pages opened in
 from __future__ import annotations
 
 import functools
+import html
 import http.server
 import importlib.util
 import json
@@ -21,7 +22,7 @@ from headless_chromium import open_url, unavailable
 from pydantic import BaseModel, Field
 
 from fedmerge.algorithms import ALGORITHMS
-from fedmerge.config import catalog
+from fedmerge.config import catalog, schema, sections
 from fedmerge.config.schema_docs import describe, markdown_table
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -154,6 +155,15 @@ def test_site_builds_strictly_with_generated_tables_and_api(site):
     assert "options:" not in merging  # no marker left unexpanded
     loop = (site / "api" / "loop" / "index.html").read_text()
     assert 'id="fedmerge.core.loop.run_rounds"' in loop  # the docstrings were rendered
+    # config classes show their fields (griffe-pydantic), not only "Bases: BaseModel": a field, its description
+    config = html.unescape(re.sub(r"<[^>]+>", " ", (site / "api" / "config" / "index.html").read_text()))
+    config = re.sub(r"\s+", " ", config)
+    assert "Fields:" in config
+    for cls in (schema.RunSettings, sections.FlowerSettings):
+        for name in cls.model_fields:
+            assert f" {name} " in config, name
+        first = next(f.description for f in cls.model_fields.values() if f.description)
+        assert first.split("(")[0].strip() in config, first
 
 
 @pytest.mark.slow
