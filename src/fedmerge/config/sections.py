@@ -1,5 +1,6 @@
 """The run config's own sections beside the components: ``flower:``, ``log:``, ``state:`` and ``unseen:``
-(each a frozen pydantic model, validated with the rest of the config by [`fedmerge.config.schema`][fedmerge.config.schema])."""
+(each a frozen pydantic model, validated with the rest of the config by
+[`fedmerge.config.schema`][fedmerge.config.schema])."""
 
 from __future__ import annotations
 
