@@ -122,3 +122,35 @@ def test_option_tables_read_at_80_columns(width):
     # a whole phrase of a description on one line, as in the schema (a squeezed column breaks it up)
     assert any("seeds the partition, splits, noise" in line for line in lines)
     assert any("privacy.secure_aggregation.reconstruction_threshold" in line for line in lines)
+
+
+def test_fedmerge_list_answers_from_the_committed_index_without_importing_torch_and_says_the_same():
+    """`fedmerge list` reads registry_index.json (no method, model or torch imported) when no plugin is
+    installed; the index must equal the live registries, and the listing the one the registries give."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "COLUMNS": "100", "FEDMERGE_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    stale = subprocess.run(
+        [sys.executable, "-m", "fedmerge.config.registry_index"], capture_output=True, text=True, env=env
+    )
+    assert stale.returncode == 0, stale.stdout + stale.stderr  # a component added without --write
+    probe = (
+        "import sys\n"
+        "from fedmerge.cli import main\n"
+        "sys.argv = ['fedmerge', 'list', *sys.argv[1:]]\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass\n"
+        "print('TORCH', 'torch' in sys.modules)\n"
+    )
+    live = probe.replace(
+        "from fedmerge.cli import main\n",
+        "from fedmerge.cli import main\nimport fedmerge.cli.components as c\nc._built_in_index = lambda: None\n",
+    )
+    for args in ([], ["algorithm"], ["models"]):
+        fast = subprocess.run([sys.executable, "-c", probe, *args], capture_output=True, text=True, env=env)
+        slow = subprocess.run([sys.executable, "-c", live, *args], capture_output=True, text=True, env=env)
+        assert fast.returncode == 0 and slow.returncode == 0, fast.stderr + slow.stderr
+        assert fast.stdout.splitlines()[-1] == "TORCH False", args
+        assert fast.stdout.splitlines()[:-1] == slow.stdout.splitlines()[:-1], args
+        assert "fedmerge" in fast.stdout

@@ -28,6 +28,10 @@ NAME_ARG = typer.Argument(None, help="a registered name (e.g. fedmerge): print i
 @app.command("list")
 def list_components(kind: str | None = KIND_ARG, name: str | None = NAME_ARG) -> None:
     """Show the registered components, or every option of one: fedmerge list algorithm fedmerge."""
+    index = _built_in_index()
+    if index is not None and (kind is None or (_INDEX_KINDS.get(kind.lower()) in index and name is None)):
+        _print_listing(index, None if kind is None else _INDEX_KINDS[kind.lower()])  # nothing imported: fast
+        return
     from fedmerge.config import catalog
     from fedmerge.config.schema import ConfigError, load_plugins
 
@@ -40,20 +44,7 @@ def list_components(kind: str | None = KIND_ARG, name: str | None = NAME_ARG) ->
         _print_studies()
         return
     if kind is None:
-        for registry in catalog.REGISTRIES.values():
-            _print_registry(registry)
-        known = Table(title="known by another name", show_header=False, title_justify="left")
-        known.add_column("name", style="bold")
-        known.add_column("is")
-        for alias, (_, text) in catalog.KNOWN_AS.items():
-            known.add_row(text.split(":", 1)[0] if ":" in text else alias, text.split(": ", 1)[-1])
-        out.print(known)
-        out.print(
-            "options of one component: fedmerge list KIND NAME (e.g. fedmerge list algorithm fedmerge); "
-            "other settings: fedmerge list run | split | noise | flower | log | state | unseen",
-            soft_wrap=True,
-            highlight=False,
-        )
+        _print_listing({k: [(e.name, e.description) for e in r.entries()] for k, r in catalog.REGISTRIES.items()})
         return
     resolved = catalog.kind_of(kind)
     if resolved is None:  # `fedmerge list fedmerge`: a component name on its own
@@ -62,8 +53,8 @@ def list_components(kind: str | None = KIND_ARG, name: str | None = NAME_ARG) ->
             fail(f"unknown kind {kind!r}; expected one of {', '.join(catalog.kinds())}", 2)
         resolved, name = hits[0]
     if resolved in catalog.REGISTRIES and name is None:
-        _print_registry(catalog.REGISTRIES[resolved])
-        out.print(f"options of one: fedmerge list {resolved} NAME", highlight=False)
+        registry = catalog.REGISTRIES[resolved]
+        _print_listing({resolved: [(e.name, e.description) for e in registry.entries()]}, resolved)
         return
     _print_options(resolved, name)
 
@@ -91,13 +82,53 @@ def _print_studies() -> None:
               highlight=False, soft_wrap=True)  # fmt: skip
 
 
-def _print_registry(registry: Any) -> None:
-    table = Table(title=f"{registry.kind}s", show_header=False, title_justify="left")
-    table.add_column("name", style="bold")
-    table.add_column("description")
-    for entry in registry.entries():
-        table.add_row(entry.name, entry.description)
-    out.print(table)
+# the registry kinds and the words `fedmerge list` takes for them (catalog.kind_of's, without importing it)
+_INDEX_KINDS = {"algorithm": "algorithm", "algorithms": "algorithm", "dataset": "dataset", "datasets": "dataset"}
+_INDEX_KINDS |= {"partition": "partition", "partitions": "partition", "partitioner": "partition"}
+_INDEX_KINDS |= {"partitioners": "partition", "model": "model", "models": "model"}
+
+
+def _built_in_index() -> dict[str, list[tuple[str, str]]] | None:
+    """The committed index of the built-in components, or None when installed plugins may add to them (their
+    components are only known once imported)."""
+    import os
+
+    from fedmerge.config.registry_index import read_index
+    from fedmerge.core.plugins import AUTOLOAD_OFF, installed_plugins
+
+    if os.environ.get(AUTOLOAD_OFF, "") in ("", "0") and installed_plugins():
+        return None
+    return read_index()
+
+
+def _print_listing(index: dict[str, list[tuple[str, str]]], kind: str | None = None) -> None:
+    """Each kind's components (name, description); with no ``kind``, every kind and the papers' other names."""
+    for each, rows in index.items():
+        if kind not in (None, each):
+            continue
+        table = Table(title=f"{each}s", show_header=False, title_justify="left")
+        table.add_column("name", style="bold")
+        table.add_column("description")
+        for name, text in rows:
+            table.add_row(name, text)
+        out.print(table)
+    if kind is not None:
+        out.print(f"options of one: fedmerge list {kind} NAME", highlight=False)
+        return
+    from fedmerge.config.known_as import KNOWN_AS
+
+    known = Table(title="known by another name", show_header=False, title_justify="left")
+    known.add_column("name", style="bold")
+    known.add_column("is")
+    for alias, (_, text) in KNOWN_AS.items():
+        known.add_row(text.split(":", 1)[0] if ":" in text else alias, text.split(": ", 1)[-1])
+    out.print(known)
+    out.print(
+        "options of one component: fedmerge list KIND NAME (e.g. fedmerge list algorithm fedmerge); "
+        "other settings: fedmerge list run | split | noise | flower | log | state | unseen",
+        soft_wrap=True,
+        highlight=False,
+    )
 
 
 _MIN_DESCRIPTION = 40  # characters the description column needs to read as phrases

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pydantic import BaseModel
 
 from fedmerge.algorithms.privacy_settings import PrivacySettings
+from fedmerge.config.known_as import KNOWN_AS as KNOWN_AS
 from fedmerge.config.schema import (
     COMPONENT_SECTIONS,
     FlowerSettings,
@@ -31,14 +32,6 @@ SECTIONS: dict[str, type[BaseModel]] = {
 }
 _KIND_WORDS = {"algorithms": "algorithm", "datasets": "dataset", "partitioner": "partition", "models": "model"}
 _KIND_WORDS |= {"partitioners": "partition", "partitions": "partition", "settings": "run"}
-
-# Methods the papers name that are a registered method with a particular setting.
-KNOWN_AS: dict[str, tuple[str, str]] = {
-    "fedit": ("fedavg", "FedIT: fedavg with model.name=minilm_lora (LoRA adapters and head averaged)"),
-    "local lora": ("local", "Local LoRA: local with model.name=minilm_lora"),
-    "fedavg+": ("fedavg_ft", "FedAvg+: fedavg_ft (FedAvg, then local fine-tuning)"),
-    "fedmerge-fixed": ("fedmerge", "fixed-weight FedMerge ablation: fedmerge with algorithm.merge_weights=fixed"),
-}
 
 
 def kind_of(word: str) -> str | None:
