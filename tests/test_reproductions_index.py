@@ -141,6 +141,24 @@ def test_the_confirmation_table_gives_seeds_regime_and_claim_verdicts_per_paper_
         "(comparisons: 2 reproduced, 1 level, 1 not reproduced, 1 no verdict) |"
     )
     assert row in index.outputs(docs)[docs / "README.md"]
+    # with intervals (bootstrap, se 1), by hand: R1 (z -3.0) and R2 (z 3.0), p 0.0027 each, pass Holm's 0.05/5 and
+    # 0.05/4; R0 (z 2.2, p 0.028) fails 0.05/3 and Holm stops: only R2 is kept, so P2 holds: 1 of 3
+    for claim, z in zip(claims, (2.2, -3.0, 3.0, 0.5, 0.0), strict=True):
+        claim |= {"difference": z, "low": z - 1.959964, "high": z + 1.959964, "method": "bootstrap"}
+    (family / "fedmerge_toy_confirm.json").write_text(json.dumps(data))
+    holm = "1 no verdict; family-wise (Holm over the study's 5 comparisons): 1 of 3 paper claims reproduced) |"
+    assert holm in index.outputs(docs)[docs / "README.md"]
+    claims[2] |= {
+        "difference": 2.2,
+        "low": 2.2 - 1.959964,
+        "high": 2.2 + 1.959964,
+    }  # P2's pair now p 0.028 > 0.05/4: none kept
+    (family / "fedmerge_toy_confirm.json").write_text(json.dumps(data))
+    holm = "1 no verdict; family-wise (Holm over the study's 5 comparisons): 0 of 3 paper claims reproduced) |"
+    assert holm in index.outputs(docs)[docs / "README.md"]
+    for claim in claims:
+        for key in ("difference", "low", "high", "method"):
+            claim.pop(key)
     del data["regime"][2]["split"]  # a check from before the split was recorded read test
     (family / "fedmerge_toy_confirm.json").write_text(json.dumps(data))
     assert "| 100-104 | 4 of 5 (read test) |" in index.outputs(docs)[docs / "README.md"]

@@ -140,3 +140,39 @@ def test_the_report_counts_paper_claims_and_marks_the_late_one_in_its_row_and_co
     claims = results_json(done)["claims"]
     assert [c.get("declared_after") for c in claims] == [None, late]
     assert "declared_after" not in claims[0]  # a claim declared in time keeps its JSON as published
+
+
+def _bootstrap_pair(higher: str, z: float, verdict: str = "reproduced") -> dict:
+    """A comparison whose 95% bootstrap interval has standard error 1 and difference z (so its p is 2(1-Phi(z)))."""
+    return {"higher": higher, "lower": "B", "difference": z, "low": z - 1.959964, "high": z + 1.959964,
+            "method": "bootstrap", "seeds": [0, 1, 2], "verdict": verdict}  # fmt: skip
+
+
+def test_interval_p_values_by_hand():
+    from fedmerge.study.claims import interval_p_value
+
+    # bootstrap: se 1, difference 2 -> p = 2 (1 - Phi(2)) = 0.0455003
+    assert interval_p_value(_bootstrap_pair("A", 2.0)) == pytest.approx(0.0455003, abs=1e-6)
+    # paired t over 5 seeds: half-width t(0.975, 4) = 2.776445 x se 1, difference 2 -> p = 2 P(T4 > 2) = 0.116117
+    # (Student t, 4 df, closed form: P(T <= 2) = 1/2 + 3/8 sqrt(2) (1 - 1/6) = 0.941942)
+    paired = {
+        "difference": 2.0,
+        "low": 2 - 2.776445,
+        "high": 2 + 2.776445,
+        "method": "paired t",
+        "seeds": [0, 1, 2, 3, 4],
+    }
+    assert interval_p_value(paired) == pytest.approx(0.116117, abs=1e-5)
+
+
+def test_holm_keeps_the_pairs_a_hand_step_down_keeps():
+    from fedmerge.study.claims import holm_reproduced
+
+    # z 2.5758 / 2.3263 / 2.0537 give p 0.010 / 0.020 / 0.040: thresholds 0.05/3, 0.05/2, 0.05 -> all pass
+    passing = [_bootstrap_pair("A", 2.5758), _bootstrap_pair("C", 2.3263), _bootstrap_pair("D", 2.0537)]
+    assert holm_reproduced(passing) == {("A", "B"), ("C", "B"), ("D", "B")}
+    # p 0.010 / 0.030 (z 2.1701) / 0.040: the second fails 0.025, and Holm stops there: D is not kept either
+    stopping = [_bootstrap_pair("A", 2.5758), _bootstrap_pair("C", 2.1701), _bootstrap_pair("D", 2.0537)]
+    assert holm_reproduced(stopping) == {("A", "B")}
+    # a pair level on its own interval is never kept, whatever its rank
+    assert holm_reproduced([_bootstrap_pair("A", 2.5758, "level")]) == set()

@@ -81,6 +81,48 @@ def count_text(claims: list[PaperClaim]) -> str:
     return text
 
 
+def interval_p_value(comparison: dict[str, Any]) -> float:
+    """Two-sided p-value of "no difference" read back from a comparison's 95% interval: its standard error is
+    the interval's half-width over the quantile that made it (the normal's 1.96 for the bootstrap, Student's
+    t with seeds - 1 degrees of freedom for the paired t), so a reader can recompute it from the JSON."""
+    from scipy import stats
+
+    n = len(comparison.get("seeds") or comparison.get("per_seed") or [])
+    t_interval = comparison.get("method") == "paired t" and n > 1
+    quantile = stats.t.ppf(0.975, n - 1) if t_interval else stats.norm.ppf(0.975)
+    se = (comparison["high"] - comparison["low"]) / (2 * quantile)
+    if se <= 0:
+        return 0.0 if comparison["difference"] != 0 else 1.0
+    score = abs(comparison["difference"]) / se
+    return float(2 * (stats.t.sf(score, n - 1) if t_interval else stats.norm.sf(score)))
+
+
+def holm_reproduced(comparisons: list[dict[str, Any]], alpha: float = 0.05) -> set[tuple[str, str]]:
+    """The (higher, lower) pairs still reproduced when the family's error rate is held at ``alpha`` over all
+    ``comparisons`` of a study (Holm's step-down): a pair must be reproduced on its own interval and its
+    p-value must pass Holm's threshold alpha / (m - rank)."""
+    ranked = sorted(comparisons, key=interval_p_value)
+    kept: set[tuple[str, str]] = set()
+    for rank, comparison in enumerate(ranked):
+        if interval_p_value(comparison) > alpha / (len(ranked) - rank):
+            break  # Holm stops at the first pair that fails: none after it is rejected
+        if comparison.get("verdict") == "reproduced":
+            kept.add((comparison["higher"], comparison["lower"]))
+    return kept
+
+
+def familywise_text(claims: list[PaperClaim]) -> str:
+    """``family-wise (Holm over the study's N comparisons): K of M paper claims reproduced``, the claims
+    counted elsewhere left out as in ``count_text``; empty without intervals."""
+    every = [c for claim in claims for c in claim.comparisons if "high" in c]
+    if not every:
+        return ""  # no interval to read a p-value from
+    kept = holm_reproduced(every)
+    own = [c for c in claims if not c.counted_under]
+    held = sum(all((c["higher"], c["lower"]) in kept for c in claim.comparisons) for claim in own)
+    return f"family-wise (Holm over the study's {len(every)} comparisons): {held} of {len(own)} paper claims reproduced"
+
+
 def _git(root: Path, *args: str) -> str | None:
     try:
         done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, check=False)

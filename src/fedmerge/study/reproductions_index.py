@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from fedmerge.study import claims as claims_lib
-from fedmerge.study.claims import PaperClaim, count_text, mark_late, paper_claims
+from fedmerge.study.claims import PaperClaim, count_text, familywise_text, mark_late, paper_claims
 from fedmerge.study.regime import FEDAVG_GAP, LOCAL_GAP
 from fedmerge.study.reproductions import PAPERS, Family, Study, load_families, revision_order, shared_words
 
@@ -221,8 +221,9 @@ def confirmation_table(families: list[Family], verdicts: str, declarations: Decl
             claims = count_paper_claims(c, counted, paper_table, declarations(c))
             own = [x for x in claims if not x.counted_under]
             found.add((str(sum(x.reproduced for x in own)), str(len(own))))
+            familywise = f"; {text}" if claims and (text := familywise_text(claims)) else ""
             verdicts_text = (
-                f"{paper_claims_text(claims, c.link)} (comparisons: {c.claim_verdicts()})"
+                f"{paper_claims_text(claims, c.link)} (comparisons: {c.claim_verdicts()}{familywise})"
                 if claims
                 else f"[{c.claim_verdicts()}]({c.link})"
             )
