@@ -150,3 +150,21 @@ def test_a_cluster_job_carries_absolute_paths_and_the_studys_folder(tiny):
     assert (far.where, far.log, far.cwd) == (tiny / "runs/k", tiny / "runs/logs/k.log", str(tiny))
     assert far.args == job.args  # relative to far.cwd, where the run process starts
     assert far.anywhere() == far
+
+
+def test_ray_runs_no_node_can_hold_are_refused_before_any_run():
+    """A task asking for more than any one node has waits in Ray's queue forever: refused in one line. By hand:
+    4 CPUs fit the 8-CPU node; 1 GPU with 4 CPUs needs a node with both (the GPU node has only 2 CPUs)."""
+    from fedmerge.study.preflight import PreflightError, check_ray_nodes
+
+    nodes = [{"CPU": 8.0}, {"CPU": 2.0, "GPU": 1.0}]
+    check_ray_nodes(LaunchOptions("ray", ray_address="auto", cpus_per_run=4), nodes)
+    check_ray_nodes(LaunchOptions("ray", ray_address="auto", cpus_per_run=2, gpus_per_run=0.5), nodes)
+    with pytest.raises(PreflightError) as info:
+        check_ray_nodes(LaunchOptions("ray", ray_address="auto", cpus_per_run=4, gpus_per_run=1), nodes)
+    message = str(info.value)
+    assert "\n" not in message and "no node of the Ray cluster has them" in message
+    assert "the largest: 2 CPU(s), 1 GPU(s)" in message
+    with pytest.raises(PreflightError):
+        check_ray_nodes(LaunchOptions("ray", ray_address="auto", cpus_per_run=16), nodes)
+    check_ray_nodes(LaunchOptions(), [])  # the local launcher asks nothing of a cluster

@@ -8,6 +8,8 @@ Each problem is refused in one line (``PreflightError``), before any run folder 
   ``dataset.download`` fetches them; a dataset read from a path (``dataset.path``) that does not exist;
 - the pretrained weights (and tokenizers): a Hub name that is neither a local folder nor in the Hugging Face
   cache while ``HF_HUB_OFFLINE`` forbids downloading it;
+- the Ray cluster's nodes: runs no single node can hold (``--cpus-per-run`` CPUs and ``--gpus-per-run`` GPUs),
+  which Ray would queue forever;
 - the disk: less free room where the run folders go than the runs' allowance (``RUN_DISK``) plus the
   datasets still to download.
 """
@@ -194,9 +196,31 @@ def check_disk(runs: Path, count: int, download: int) -> None:
         )
 
 
+def check_ray_nodes(options: LaunchOptions, nodes: list[dict[str, float]] | None = None) -> None:
+    """Refuse, in one line, runs no node of the Ray cluster can hold (Ray would queue them forever): each
+    run's task needs --cpus-per-run CPUs and --gpus-per-run GPUs on one node. ``nodes``: each live node's
+    resources (asked of the cluster when None)."""
+    if options.launcher != "ray":
+        return
+    if nodes is None:
+        from fedmerge.sweep.clusters import RayLauncher
+
+        nodes = RayLauncher(options).node_resources()
+    need = {"CPU": options.cpus_per_run, "GPU": options.gpus_per_run}
+    if any(all(node.get(k, 0.0) >= v for k, v in need.items() if v > 0) for node in nodes):
+        return
+    largest = max(nodes, key=lambda n: (n.get("GPU", 0.0), n.get("CPU", 0.0)), default={})
+    raise PreflightError(
+        f"each run asks for {options.cpus_per_run:g} CPU(s) and {options.gpus_per_run:g} GPU(s) on one node, and "
+        f"no node of the Ray cluster has them ({len(nodes)} node(s); the largest: {largest.get('CPU', 0.0):g} "
+        f"CPU(s), {largest.get('GPU', 0.0):g} GPU(s)); lower --cpus-per-run/--gpus-per-run or add a node"
+    )
+
+
 def preflight(study: Study, options: LaunchOptions, runs: Path) -> None:
     """Everything checked before any run starts (the module's list), the first problem refused in one line."""
     check_device(study, options)
+    check_ray_nodes(options)
     cfgs = configs(study)
     problems, download = missing_datasets(cfgs)
     problems += missing_weights(cfgs)

@@ -115,6 +115,10 @@ class RayLauncher(Launcher):
     def total_gpus(self) -> float:
         return float(self.connect().cluster_resources().get("GPU", 0))
 
+    def node_resources(self) -> list[dict[str, float]]:
+        """Each live node's resources (CPU, GPU, ...): a run's task must fit on one node."""
+        return [dict(node.get("Resources", {})) for node in self.connect().nodes() if node.get("Alive")]
+
     def run(self, jobs: list[RunJob], on_update: Callable[[list[Outcome]], None] | None = None) -> list[Outcome]:
         ray = self.connect()
         task = ray.remote(_ray_attempt).options(
