@@ -4,6 +4,7 @@ reach the global model; a resumed run says where it continues and refuses to sil
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -41,6 +42,8 @@ def bad_invocations(tmp: Path, run_dir: Path) -> list[list[str]]:
     with open(tmp / "npy.npz", "wb") as f:  # a .npy under a .npz name: np.load returns an array, not an archive
         np.save(f, np.zeros(3))
     (tmp / "no_header.csv").write_text("1,2,0\n3,4,1\n")
+    study = (Path(__file__).parent / "data" / "study_tiny" / "study_tiny.yaml").read_text()
+    (tmp / "no_base.yaml").write_text(re.sub(r"(?m)^base: .*$", "base: configs/nowhere/absent.yaml", study))
     (tmp / "latin1.csv").write_bytes("a,b,label\n1,2,caf\xe9\n".encode("latin-1"))
     (tmp / "latin1_late.csv").write_bytes(b"a,b,label\n" + b"1,2,0\n" * 5000 + b"1,2,caf\xe9\n")  # past one read
     # issue #41: a regression target, a UCI .data file, a token model on a table, broken and empty image classes
@@ -126,7 +129,7 @@ def bad_invocations(tmp: Path, run_dir: Path) -> list[list[str]]:
         ["study", str(tmp / "empty")],
         ["study", str(tmp / "file.txt")],
         ["study", str(CONFIGS / "digits_fedavg.yaml")],  # a config, not a study
-        ["study", str(Path(__file__).parent / "data" / "study_tiny" / "study_tiny.yaml")],  # its base is elsewhere
+        ["study", str(tmp / "no_base.yaml")],  # its base is found nowhere (neither beside it nor above it)
     ]
 
 
