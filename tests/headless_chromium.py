@@ -89,7 +89,9 @@ def open_page(html_file: Path, expression: str, screenshot: Path) -> PageResult:
 def open_url(url: str, expression: str, screenshot: Path) -> PageResult:
     from websockets.sync.client import connect
 
-    with tempfile.TemporaryDirectory() as profile:
+    # Chromium's helper processes (crashpad, utility) may still write to the profile for a moment after the
+    # browser exits; a profile left behind in /tmp must not fail the page check that already passed.
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as profile:
         proc = subprocess.Popen(
             [executable(), *FLAGS, f"--user-data-dir={profile}", "about:blank"],
             stdout=subprocess.DEVNULL,
