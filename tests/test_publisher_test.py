@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from fedmerge.config.schema import ConfigError, load_config, to_yaml
 from fedmerge.data import NoiseConfig, Pool, SplitConfig
-from fedmerge.data.federated import compute_partition, federate
+from fedmerge.data.federated import compute_partition, federate, without_rows
 from fedmerge.data.partitioners import PARTITIONERS
 
 N = 60
@@ -60,6 +60,17 @@ def test_the_publishers_rows_are_the_global_test_and_no_clients():
     assert pool.subset(np.array([2, 3])).publisher_test.tolist() == [True, False]  # a subsample keeps the marks
     moved = data.to("cpu")
     assert torch.equal(moved.pooled_test()[0], x)
+
+
+def test_a_test_list_after_the_train_list_is_partitioned_without_copying_the_train_rows():
+    pool = replace(marked_pool(), publisher_test=np.arange(N) >= N - 10)  # ImageNet-R's layout: train, then test
+    data = federate(pool, DIRICHLET, PUBLISHER, NoiseConfig(), seed=1)
+    assert rows(data.pooled_test()[0]) == list(range(N - 10, N))
+    expected = compute_partition(pool.subset(np.arange(N - 10)), PARTITIONERS.parse(DIRICHLET), 1)
+    assert client_rows(data) == [sorted(idx.tolist()) for idx in expected.indices]
+    part = without_rows(pool, np.arange(N - 10))
+    assert np.shares_memory(part.x, pool.x) and part.y.tolist() == pool.y[: N - 10].tolist()
+    assert not np.shares_memory(without_rows(pool, np.array([0, 2, 3])).x, pool.x)  # scattered rows: a copy
 
 
 def test_the_global_test_is_standardized_with_the_clients_training_statistics():

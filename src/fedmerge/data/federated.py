@@ -398,8 +398,10 @@ def publisher_test_rows(pool: Pool, split_cfg: SplitConfig) -> np.ndarray | None
 
 
 def without_rows(pool: Pool, rest: np.ndarray) -> Pool:
-    """``pool.subset(rest)`` (the rows a partition may give out), with a cache of its own for a cached pool."""
-    part = pool.subset(rest)
+    """``pool.subset(rest)`` (the rows a partition may give out), with a cache of its own for a cached pool.
+    Rows in one run (ImageNet-R's train list before its test list) are a view: no copy of a large pool's x."""
+    whole_run = len(rest) and int(rest[-1]) - int(rest[0]) + 1 == len(rest)
+    part = pool.subset(slice(int(rest[0]), int(rest[-1]) + 1)) if whole_run else pool.subset(rest)
     if pool.cache is None:
         return part
     return replace(part, cache=PoolCacheRef(pool.cache.cache, f"{pool.cache.pool_key}/without-publisher-test"))

@@ -61,7 +61,7 @@ class Pool:
     def is_image(self) -> bool:
         return self.x.ndim == 4
 
-    def subset(self, idx: np.ndarray) -> Pool:
+    def subset(self, idx: np.ndarray | slice) -> Pool:
         def pick(a: np.ndarray | None) -> np.ndarray | None:
             return None if a is None else a[idx]
 
