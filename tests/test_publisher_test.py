@@ -118,3 +118,28 @@ def test_the_config_check_refuses_a_dataset_without_the_publishers_test_set():
     assert "test_from" not in to_yaml(load_config(None, ["dataset={name: digits}"]))  # old run folders' digests
     with pytest.raises(ValidationError, match="cannot be combined"):
         SplitConfig(test_from="publisher", test_per_client=5)
+
+
+def test_a_run_scores_the_server_model_on_the_publishers_rows(tmp_path, monkeypatch):
+    from helpers import quick_config, run
+
+    from fedmerge.data import FederatedDataset
+    from fedmerge.data.pool import load_pool
+
+    cfg = quick_config("rounds=2")  # digits (which marks no rows: the data is built here, then handed to the run)
+    pool = load_pool(cfg.dataset.model_dump())
+    marked = np.zeros(len(pool), dtype=bool)
+    marked[::9] = True  # 200 of the 1,797 digits
+    data = federate(replace(pool, publisher_test=marked), cfg.partition, PUBLISHER, NoiseConfig(), cfg.seed)
+    seen: list[list[int]] = []
+    pooled = FederatedDataset.pooled_test
+
+    def spy(self, cids=None):
+        x, y = pooled(self, cids)
+        seen.append(y.tolist())
+        return x, y
+
+    monkeypatch.setattr(FederatedDataset, "pooled_test", spy)
+    summary = run(cfg, tmp_path / "run", data=data).summary
+    assert summary["last"]["global"]["test_n"] == 200 == int(marked.sum())
+    assert seen and all(y == pool.y[::9].tolist() for y in seen)  # the server model read the marked rows only
