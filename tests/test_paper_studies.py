@@ -129,6 +129,8 @@ PAPER: dict[str, dict[str, Any]] = {
     r"superfed_t5": {**SF, "rounds": 200, "algorithm.local_epochs": 10, "algorithm.batch_size": 10},
     r"livar_t": {"rounds": 5, "algorithm.local_epochs": 5, "partition.num_clients": 10, "model.name": "vit_lora",
                  "model.r": 16, "partition.name": "dirichlet"},
+    # the authors' code: ImageNet-R's fixed lists, the server scored on the test list, the train list partitioned
+    r"livar_t1_imagenet_r": {"dataset.name": "imagenet_r", "dataset.subset": "all", "split.test_from": "publisher"},
 }  # fmt: skip
 ROWS_OF = {  # the methods each table compares, by registered name (+ Local/FedAvg for the regime check)
     r"fedmerge_t2": {"local", "fedavg", "fedavg_ft", "pfedmoe", "fedmerge"},
