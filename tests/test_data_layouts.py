@@ -150,6 +150,23 @@ def test_imagenet_r_is_fetched_verified_and_split_by_the_lists(tmp_path: Path) -
     assert train.y.tolist() == [1, 0, 0, 1, 1, 0]
     np.testing.assert_allclose(train.x[:, 0, 0, 0] * 255, [11, 0, 0, 10, 11, 1], atol=2)
     assert len(both) == 8 and both.y.tolist() == train.y.tolist() + test.y.tolist()
+    # both lists: the test list's rows are the publisher's test set (split.test_from: publisher); one list: none
+    assert both.publisher_test.tolist() == [False] * 6 + [True] * 2
+    assert train.publisher_test is None and test.publisher_test is None
+
+
+def test_imagenet_r_scores_the_server_on_the_test_list_and_partitions_the_train_list(tmp_path: Path) -> None:
+    from fedmerge.data import NoiseConfig, SplitConfig, build_federated_dataset
+
+    dataset = {"name": "imagenet_r", "data_dir": str(tmp_path), "download": True, "image_size": 8}
+    split = SplitConfig(val_fraction=0.0, test_fraction=0.2, test_from="publisher")
+    with served_dataset("imagenet_r", imagenet_r_content()):
+        data = build_federated_dataset(dataset, {"name": "iid", "num_clients": 2}, split, NoiseConfig(), 0)
+    x, y = data.pooled_test()
+    assert y.tolist() == [0, 1]  # art_1 of class 0, toy_0 of class 1: the test list, in its order
+    np.testing.assert_allclose(x[:, 0, 0, 0].numpy() * 255, [1, 10], atol=2)
+    firsts = sorted(round(float(v) * 255) for c in data.clients for t in (c.x_train, c.x_test) for v in t[:, 0, 0, 0])
+    np.testing.assert_allclose(firsts, sorted([11, 0, 0, 10, 11, 1]), atol=2)  # the train list's six images
 
 
 def test_imagenet_r_damaged_tar_or_missing_image_is_one_line(tmp_path: Path) -> None:

@@ -121,7 +121,7 @@ def test_list_study_shows_every_packaged_study_with_its_hours_and_downloads():
         assert name in result.output
     row = next(line for line in result.output.splitlines() if "fedmerge_t5_xnli" in line)
     assert "│ 33 " in row and "XNLI 1.0" in row  # the downloads column (folded to the terminal width)
-    assert "together about 2,625 GPU hours" in result.output
+    assert "together about 2,616 GPU hours" in result.output
 
 
 # --- the preflight ------------------------------------------------------------------------------------------

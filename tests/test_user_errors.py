@@ -466,7 +466,7 @@ def test_list_says_where_fedit_is():
         (["algorithm.mu=0.1"], "algorithm.mu: unknown key for algorithm 'fedavg'; it belongs to fedprox"),
         (
             ["split.val=0.1"],
-            "valid keys: val_fraction, test_fraction, test_per_client, unseen_clients "
+            "valid keys: val_fraction, test_fraction, test_per_client, test_from, unseen_clients "
             "(described by: fedmerge list split)",
         ),
         (["algorithm.name=fedmerg"], "unknown name 'fedmerg'; did you mean fedmerge"),

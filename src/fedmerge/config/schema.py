@@ -45,6 +45,7 @@ from fedmerge.core.loop import EVAL_CLIENTS_HELP, parse_eval_clients
 from fedmerge.core.plugins import PluginError, import_plugins, load_installed
 from fedmerge.core.registry import ComponentConfig, registry_version
 from fedmerge.data import DATASETS, PARTITIONERS, NoiseConfig, SplitConfig
+from fedmerge.data.pool import DatasetConfig
 from fedmerge.models import MODELS
 
 DEFAULT_CONFIG: dict[str, Any] = {
@@ -273,8 +274,17 @@ ONE_MODEL_PER_CLIENT = (("ifca", "num_clusters", "cluster models"),)
 
 def impossible_setting(cfg: ExperimentConfig) -> str | None:
     """A valid-looking setting that cannot work: more IFCA clusters than training clients (each client
-    picks one cluster, so the extra ones would never be trained)."""
+    picks one cluster, so the extra ones would never be trained); the publisher's test set asked of a dataset
+    that has none."""
     from fedmerge.data.unseen import unseen_count
+
+    dataset = cfg.dataset
+    # a dataset config that is not a DatasetConfig cannot say: its loaded pool is checked (data.federated)
+    if cfg.split.test_from == "publisher" and isinstance(dataset, DatasetConfig) and not dataset.marks_publisher_test():
+        return (
+            f"split.test_from: publisher: dataset {dataset.name!r} (as configured) has no test set of its publisher's; "
+            "use split.test_from: clients"
+        )
 
     num_clients = getattr(cfg.partition, "num_clients", None)
     if not isinstance(num_clients, int):
@@ -432,6 +442,7 @@ def defaults_left_out(cfg: ExperimentConfig) -> dict[str, Any]:
 NESTED_ADDED_KEYS = (
     ("dataset", "subsample_seed", 0),
     ("split", "test_per_client", None),
+    ("split", "test_from", "clients"),
     ("split", "unseen_clients", 0),
     ("unseen", "also_adapt_epochs", ()),
     ("unseen", "adapt_lr", None),

@@ -300,14 +300,16 @@ def check_consistent(metas: Sequence[ClientFileMeta]) -> None:
             )
 
 
-# The pooled test set a deployed server may hold (optional): every client's test split in one file.
+# The pooled test set a deployed server may hold (optional): every client's test split in one file
+# (with split.test_from: publisher, the dataset publisher's test rows).
 POOLED_FORMAT = "fedmerge-pooled-test"
 POOLED_FILE = "pooled-test.safetensors"
 
 
 def pooled_test_bytes(data: FederatedDataset, source_digest: str = "") -> bytes:
     """The safetensors bytes of the pooled test file: ``x_test``, ``y_test`` of all clients, in client
-    order (what the in-process engine tests a global model on), with the client files' metadata."""
+    order, or the publisher's test rows (``data.pooled_test()``: what the in-process engine tests a global model
+    on), with the client files' metadata."""
     x, y = data.pooled_test()
     tensors = {"x_test": x.detach().cpu().contiguous(), "y_test": y.detach().cpu().contiguous()}
     metadata = {

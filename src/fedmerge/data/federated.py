@@ -12,6 +12,7 @@ import torch
 
 from fedmerge.core.registry import ComponentConfig
 from fedmerge.core.seeding import numpy_rng
+from fedmerge.data.cache import PoolCacheRef
 from fedmerge.data.heldout import heldout_tests, num_strata, training_mix
 from fedmerge.data.noise import NoiseConfig, apply_label_noise
 from fedmerge.data.partitioners import PARTITIONERS, Partition
@@ -65,6 +66,9 @@ class FederatedDataset:
     unseen_origin: list[int] = field(default_factory=list)
     # each client's name (natural partitions of data that names its clients: "PLAY: ROLE"), else None
     client_names: list[str] | None = None
+    # split.test_from: publisher: the (x, y) of the dataset publisher's test rows, which no client holds; the
+    # global test set in place of the clients' pooled test splits
+    global_test: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @property
     def num_unseen(self) -> int:
@@ -79,12 +83,16 @@ class FederatedDataset:
         return len(self.clients)
 
     def to(self, device: torch.device | str) -> FederatedDataset:
+        moved = None if self.global_test is None else (self.global_test[0].to(device), self.global_test[1].to(device))
         if hasattr(self.clients, "to"):  # views into one pool (data.views.PooledClients): move the pool once
-            return replace(self, clients=self.clients.to(device))
-        return replace(self, clients=[c.to(device) for c in self.clients])
+            return replace(self, clients=self.clients.to(device), global_test=moved)
+        return replace(self, clients=[c.to(device) for c in self.clients], global_test=moved)
 
     def pooled_test(self, cids: Sequence[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """The test splits of clients ``cids`` (None: every client), concatenated."""
+        """The global test set: the test splits of clients ``cids`` (None: every client), concatenated; with
+        ``split.test_from: publisher``, the publisher's test rows whichever clients are named."""
+        if self.global_test is not None:
+            return self.global_test
         clients = self.clients if cids is None else [self.clients[c] for c in cids]
         return torch.cat([c.x_test for c in clients]), torch.cat([c.y_test for c in clients])
 
@@ -115,6 +123,8 @@ class FederatedDataset:
             for s in self.summary()
         ]
         title = f"{self.name}: {self.num_clients} clients, {self.num_classes} classes, input {self.input_shape}"
+        if self.global_test is not None:
+            title += f"; global test: the publisher's {len(self.global_test[1])} test samples"
         names = self.named_classes()
         legend = [f"classes: {', '.join(f'{k}={n}' for k, n in enumerate(names))}"] if names else []
         return "\n".join([title, *legend, head, *rows])
@@ -282,9 +292,14 @@ def federate(
     for ``split.test_per_client``, the
     held-out pool that [`load_pool_and_heldout()`][fedmerge.data.pool.load_pool_and_heldout] gives with it)."""
     pcfg = PARTITIONERS.parse(partition_cfg) if isinstance(partition_cfg, dict) else partition_cfg
-    partition = partition_for(pool, pcfg, seed)
-
-    indices = [np.asarray(idx, dtype=np.int64) for idx in partition.indices]
+    global_rows = publisher_test_rows(pool, split_cfg)
+    if global_rows is None:
+        partition = partition_for(pool, pcfg, seed)
+        indices = [np.asarray(idx, dtype=np.int64) for idx in partition.indices]
+    else:  # the partition sees only the other rows; its indices are mapped back to the pool's rows
+        rest = np.flatnonzero(~pool.publisher_test)
+        partition = partition_for(without_rows(pool, rest), pcfg, seed)
+        indices = [rest[np.asarray(idx, dtype=np.int64)] for idx in partition.indices]
     splits = [
         split_indices(pool.y[idx], split_cfg, numpy_rng(seed, client_id=cid, purpose="split"))
         for cid, idx in enumerate(indices)
@@ -309,10 +324,12 @@ def federate(
             np.concatenate([idx[train], idx[val], test]) for idx, (train, val, _), test in zip(indices, splits, tests)
         ]
     x_all = x_pool[torch.from_numpy(np.concatenate(order) if order else np.zeros(0, dtype=np.int64))]
-    del x_pool
 
     def labels(a: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64))
+
+    global_test = None if global_rows is None else (x_pool[torch.from_numpy(global_rows)], labels(y_np[global_rows]))
+    del x_pool
 
     clients = []
     start = 0
@@ -350,8 +367,44 @@ def federate(
         clients = [replace(c, cid=i) for i, c in enumerate(seen_first(clients, unseen))]
         names = None if names is None else seen_first(names, unseen)
     return FederatedDataset(
-        clients, pool.num_classes, tuple(pool.x.shape[1:]), pool.name, class_names, unseen, client_names=names
+        clients,
+        pool.num_classes,
+        tuple(pool.x.shape[1:]),
+        pool.name,
+        class_names,
+        unseen,
+        client_names=names,
+        global_test=global_test,
     )
+
+
+def publisher_test_rows(pool: Pool, split_cfg: SplitConfig) -> np.ndarray | None:
+    """The pool's rows of its publisher's test set with ``split.test_from: publisher`` (None otherwise);
+    a pool that marks none, or marks every row, is refused in one line."""
+    if split_cfg.test_from != "publisher":
+        return None
+    marked = pool.publisher_test
+    if marked is None or not marked.any():
+        raise ValueError(
+            f"split.test_from: publisher: dataset {pool.name!r} marks no rows as its publisher's test set; "
+            "use split.test_from: clients"
+        )
+    if marked.all():
+        raise ValueError(
+            f"split.test_from: publisher: every row of dataset {pool.name!r} is a test row; none is left "
+            "for the clients"
+        )
+    return np.flatnonzero(marked)
+
+
+def without_rows(pool: Pool, rest: np.ndarray) -> Pool:
+    """``pool.subset(rest)`` (the rows a partition may give out), with a cache of its own for a cached pool.
+    Rows in one run (ImageNet-R's train list before its test list) are a view: no copy of a large pool's x."""
+    whole_run = len(rest) and int(rest[-1]) - int(rest[0]) + 1 == len(rest)
+    part = pool.subset(slice(int(rest[0]), int(rest[-1]) + 1)) if whole_run else pool.subset(rest)
+    if pool.cache is None:
+        return part
+    return replace(part, cache=PoolCacheRef(pool.cache.cache, f"{pool.cache.pool_key}/without-publisher-test"))
 
 
 def natural_names(pool: Pool, pcfg: ComponentConfig, indices: list[np.ndarray]) -> list[str] | None:

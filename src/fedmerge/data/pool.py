@@ -36,17 +36,23 @@ class Pool:
     standardize: bool = False
     # where partitions of exactly this pool are cached (fetched datasets); dropped by subset()
     cache: PoolCacheRef | None = None
+    # rows of the test set the dataset's publisher fixed (bool per row; ImageNet-R's test list), which
+    # split.test_from: publisher keeps out of the partition as the global test set; None: no such rows
+    publisher_test: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         n = len(self.x)
         if self.y.shape != (n,):
             raise ValueError(f"dataset {self.name!r}: y has shape {self.y.shape}, expected ({n},)")
-        for field in ("domain", "natural_id"):
+        for field in ("domain", "natural_id", "publisher_test"):
             arr = getattr(self, field)
             if arr is not None and arr.shape != (n,):
                 raise ValueError(f"dataset {self.name!r}: {field} has shape {arr.shape}, expected ({n},)")
         if n and (self.y.min() < 0 or self.y.max() >= self.num_classes):
             raise ValueError(f"dataset {self.name!r}: labels must lie in 0..{self.num_classes - 1}")
+        if self.publisher_test is not None and self.publisher_test.dtype != np.bool_:
+            kind = self.publisher_test.dtype
+            raise ValueError(f"dataset {self.name!r}: publisher_test must be a boolean array, not {kind}")
 
     def __len__(self) -> int:
         return len(self.y)
@@ -55,12 +61,18 @@ class Pool:
     def is_image(self) -> bool:
         return self.x.ndim == 4
 
-    def subset(self, idx: np.ndarray) -> Pool:
+    def subset(self, idx: np.ndarray | slice) -> Pool:
         def pick(a: np.ndarray | None) -> np.ndarray | None:
             return None if a is None else a[idx]
 
         return replace(
-            self, x=self.x[idx], y=self.y[idx], domain=pick(self.domain), natural_id=pick(self.natural_id), cache=None
+            self,
+            x=self.x[idx],
+            y=self.y[idx],
+            domain=pick(self.domain),
+            natural_id=pick(self.natural_id),
+            publisher_test=pick(self.publisher_test),
+            cache=None,
         )
 
 
@@ -96,6 +108,11 @@ class DatasetConfig(ComponentConfig):
         made only for the rows used, for a loader whose inputs are expensive to make; None (the default): the
         whole dataset is loaded as usual. ``load_pool_and_heldout`` takes the held-out pool from it."""
         return None
+
+    def marks_publisher_test(self) -> bool:
+        """Whether the loaded pool marks rows as its publisher's test set (``Pool.publisher_test``): a loader
+        that marks them says so here, so that ``split.test_from: publisher`` is checked before any loading."""
+        return False
 
     def token_length(self) -> int | None:
         """Length of the int64 token sequences this dataset yields, known before loading; None for

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import numpy as np
 from pydantic import (
     BaseModel,
@@ -24,6 +26,13 @@ class SplitConfig(BaseModel):
         "dataset.max_samples' subsample, which no client holds), with the (domain, class) mix of the client's "
         "training data, or of its group's for cluster/domain partitions; the client's own test_fraction part is "
         "then left unused, so train and val are unchanged. null: the test split is the client's test_fraction",
+    )
+    test_from: Literal["clients", "publisher"] = Field(
+        "clients",
+        description="where the global test set (the server model's test, metric scope global) comes from: clients "
+        "(every client's test split, pooled) or publisher (the rows the dataset's publisher fixed as its test set, "
+        "e.g. imagenet_r subset all: its test list; they are kept out of the partition, and each client's own test "
+        "split still takes test_fraction of its samples); a dataset without such rows refuses publisher",
     )
     # int | float: a count stays a whole number through every dump (config.yaml, a node's job)
     unseen_clients: int | float = Field(
@@ -51,6 +60,9 @@ class SplitConfig(BaseModel):
             raise ValueError("val_fraction + test_fraction must be below 1 (something must remain for training)")
         if self.unseen_clients >= 1 and self.unseen_clients != int(self.unseen_clients):
             raise ValueError("unseen_clients must be a fraction below 1 or a whole count")
+        if self.test_from == "publisher" and self.test_per_client is not None:
+            # the held-out samples test_per_client draws from could be publisher test rows: one sample, two roles
+            raise ValueError("test_per_client and test_from: publisher cannot be combined; choose one")
         return self
 
 

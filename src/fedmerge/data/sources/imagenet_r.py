@@ -7,6 +7,8 @@ through two fixed lists, ``imagenet-r_train.yaml`` and ``imagenet-r_test.yaml`` 
 images, each ``data:`` a list of ``data/imagenet-r/<wnid>/<file>`` paths and ``targets:`` their class
 numbers), the lists aimagelab/mammoth keeps in ``datasets/imagenet_r_utils/``. `fedmerge data fetch
 imagenet_r` fetches them with the tar; ``subset`` picks either list, and the class numbers are theirs.
+With ``subset: all`` the test list's rows are marked as the publisher's test set, so that
+``split.test_from: publisher`` scores the server model on them and partitions only the train list, as LIVAR does.
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ class ImageNetRConfig(FetchedConfig):
         "all", description="LIVAR's authors' split lists (24,000 train / 6,000 test), or both (all 30,000)"
     )
     image_size: int = Field(64, ge=8, le=512, description="side in pixels (renditions vary; resized, not cropped)")
+
+    def marks_publisher_test(self) -> bool:
+        return self.subset == "all"  # both lists loaded: the test list's rows are marked
 
 
 def read_split(path: Path) -> list[tuple[str, int]]:
@@ -95,6 +100,7 @@ def read_imagenet_r(files: dict[str, Path], subset: str, size: int) -> dict[str,
     return {
         "x": np.stack(x) if x else np.zeros((0, 3, size, size), np.uint8),
         "y": np.array([t for _, t in items], dtype=np.int64),
+        "test_list": np.array([s == "test" for s in ("train", "test") if subset in ("all", s) for _ in lists[s]]),
         "class_names": np.array([words.get(w, w) for w in wnids]),
     }
 
@@ -105,7 +111,17 @@ def read_imagenet_r(files: dict[str, Path], subset: str, size: int) -> dict[str,
     description="ImageNet-R, 200 classes, LIVAR's authors' train/test lists (fedmerge data fetch imagenet_r)",
 )
 def load_imagenet_r(cfg: ImageNetRConfig) -> Pool:
-    params = {"subset": cfg.subset, "image_size": cfg.image_size}
+    # "marks": arrays cached before they held test_list are not read
+    params = {"subset": cfg.subset, "image_size": cfg.image_size, "marks": "test_list"}
     arrays, ref = cached_arrays("imagenet_r", cfg, params, lambda f: read_imagenet_r(f, cfg.subset, cfg.image_size))
     names = [str(n) for n in arrays["class_names"]]
-    return Pool(unit_float(arrays["x"]), arrays["y"], len(names), "imagenet_r", class_names=names, cache=ref)
+    marked = arrays["test_list"].astype(bool) if cfg.subset == "all" else None
+    return Pool(
+        unit_float(arrays["x"]),
+        arrays["y"],
+        len(names),
+        "imagenet_r",
+        class_names=names,
+        cache=ref,
+        publisher_test=marked,
+    )
