@@ -235,7 +235,7 @@ class LocalEngine:
         on_result: Callable[[int, Any], None],
         timed: bool = False,
     ) -> None:
-        """Run ``kind`` for each client in client-id order, here or in the workers; ``on_result``
+        """Run ``kind`` for each client, here in client-id order or in the workers largest first; ``on_result``
         receives each client's result (in the workers' case, in the order they finish). ``timed``: clients
         run here are timed, and once they took ``min_round_seconds`` the others go to the workers."""
         if not self._parallel:
