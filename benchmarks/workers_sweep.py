@@ -14,8 +14,9 @@ The model of a round, from the runs at 1 and 2 workers (client-work figures from
 
 - fit(N) = server + makespan_N(client_i) + K * per_client: ``server`` is the fit time outside the
   engine (configure, screening, aggregation: serial); ``client_i`` each client's training time; the
-  makespan is the pool's schedule (clients in id order to whichever worker is free), so the largest
-  client bounds a round however many cores there are; ``per_client`` is what each client costs the
+  makespan is the pool's schedule (clients largest first to whichever worker is free: the engine orders
+  them by their rows, which their times follow), so the largest client bounds a round however many cores
+  there are; ``per_client`` is what each client costs the
   parent process with workers (its payload out, its update and state back), from the 2-worker run;
 - eval(N) = here + spread / N, fitted to the two runs (Amdahl): ``here`` is what the parent does alone
   (a global-model method's grouped pass and pooled test), ``spread`` what the workers share.
@@ -147,9 +148,9 @@ def eval_pass_seconds(overrides: list[str], repeats: int = 3) -> float:
 
 
 def makespan(seconds: list[float], workers: int) -> float:
-    """When the last client ends: clients in id order, each to the worker that is free first."""
+    """When the last client ends: clients largest first, each to the worker that is free first."""
     free = [0.0] * max(1, workers)
-    for s in seconds:
+    for s in sorted(seconds, reverse=True):
         heapq.heappush(free, heapq.heappop(free) + s)
     return max(free)
 

@@ -93,3 +93,19 @@ def test_gram_merge_without_shrinkage_inflates_weights_along_rare_input_directio
         shrunk = gram_merge(ws, grams, alpha=alpha)
         assert float(shrunk.norm()) < 1.1
         torch.testing.assert_close(shrunk @ r.T[:, :1], torch.tensor([[1.05]], dtype=torch.float64), atol=1e-3, rtol=0)
+
+
+@pytest.mark.parametrize("weight_shape", [(), (7, 1), (7, 5)], ids=["scalar", "per-row", "elementwise"])
+def test_the_merge_is_the_plain_float64_sum_bit_for_bit(weight_shape):
+    # the sum written out as the server step wrote it before issue 56 (a new array per term): the same bits
+    gen = torch.Generator().manual_seed(3)
+    tensors = [torch.randn(7, 5, generator=gen) * 10.0 ** float(i - 2) for i in range(6)]
+    weights = [torch.rand(weight_shape, generator=gen, dtype=torch.float64) for _ in tensors]
+    num = torch.zeros(7, 5, dtype=torch.float64)
+    den = torch.zeros((), dtype=torch.float64)
+    for t, w in zip(tensors, weights):
+        num = num + w * t.double()
+        den = den + w
+    want = (num / den).to(torch.float32)
+    got = weighted_merge(tensors, weights)
+    assert got.dtype == torch.float32 and torch.equal(got.view(torch.int32), want.view(torch.int32))

@@ -537,3 +537,19 @@ def test_ctrl_c_in_any_command_stops_with_one_line(monkeypatch, capsys):
         cli.main()
     assert stop.value.code == 130
     assert capsys.readouterr().err.strip() == "interrupted"
+
+
+def test_screening_tells_a_sum_that_overflows_from_a_non_finite_value():
+    # the screen reads each tensor's sum first: huge finite values overflow it without being refused, and
+    # infinities of both signs, whose sum is NaN, or one infinity among huge values, are still counted
+    big = torch.finfo(torch.float32).max
+    updates = {
+        0: upd(5, w=torch.full((2, 3), big), b=torch.zeros(3)),  # sum +inf: every value finite
+        1: upd(5, w=torch.tensor([[1.0, float("inf"), 1.0], [float("-inf"), 1.0, 1.0]]), b=torch.zeros(3)),
+        2: upd(5, w=torch.ones(2, 3), b=torch.tensor([big, big, float("inf")])),
+    }
+    kept, dropped = screen_updates(1, updates)
+    assert sorted(kept) == [0]
+    reasons = {d["cid"]: d["reason"] for d in dropped}
+    assert reasons[1].startswith("2 non-finite value(s) in 'w'")
+    assert reasons[2].startswith("1 non-finite value(s) in 'b'")

@@ -48,6 +48,10 @@ def weighted_merge(
         raise ValueError(f"{len(tensors)} tensors but {len(weights)} weights")
     ref = tensors[0]
     num = torch.zeros(ref.shape, dtype=torch.float64, device=ref.device)
+    # each term w_i * t_i is made in one reused buffer and added in place: the same float64 operations as
+    # num + w64 * t.double() (a conversion is exact, a product or sum rounds alike wherever it is written),
+    # without allocating three model-sized float64 arrays per tensor (the server step's cost, issue 56)
+    term = torch.empty(ref.shape, dtype=torch.float64, device=ref.device)
     # the denominator keeps the weights' own shape (a scalar for FedAvg), broadcast only when dividing
     den = torch.zeros((), dtype=torch.float64, device=ref.device)
     for t, w in zip(tensors, weights):
@@ -62,7 +66,7 @@ def weighted_merge(
             fits = False
         if not fits:
             raise ValueError(f"a weight of shape {tuple(w64.shape)} does not broadcast to {tuple(ref.shape)}")
-        num = num + w64 * t.double()
+        num.add_(term.copy_(t).mul_(w64))
         den = den + w64
     missing = den <= 0
     out = num / torch.where(missing, torch.ones_like(den), den)

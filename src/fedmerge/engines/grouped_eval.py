@@ -47,8 +47,9 @@ Metrics = dict[str, float]
 Weights = dict[str, torch.Tensor]
 SMALL_BATCH = 16  # rows predicted in a batch shorter than this are predicted in that batch
 Prepare = Callable[[int], tuple[ClientContext, Payload, ClientState]]
-# (weights, x, ends) -> forward_batches's logits computed elsewhere (the engine's worker processes), or None
-Forward = Callable[[Weights, torch.Tensor, list[int]], torch.Tensor | None]
+# (weights, x, ends) -> forward_batches's logits computed elsewhere (the engine's worker processes), or None;
+# ends None: in any batches of SMALL_BATCH to batch_size rows (`even_batches`), which give each row the same logits
+Forward = Callable[[Weights, torch.Tensor, list[int] | None], torch.Tensor | None]
 
 
 def _split(data: ClientDataLike, split: str) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -182,7 +183,10 @@ class GroupedEvaluator:
         merged = len(ends) > 1 and ends[-1] - ends[-2] < SMALL_BATCH
         if merged:  # a short trailing batch joins the one before it (batch size is memory only)
             ends.pop(-2)
-        logits = self.forward(weights, inputs.x, ends) if self.forward is not None else None
+        # only the test pass stands for the pooled test, whose logits are predict_logits's batches; the other
+        # splits' rows may be cut into any batches of SMALL_BATCH rows or more, e.g. evenly among the workers
+        free = split != "test"
+        logits = self.forward(weights, inputs.x, None if free else ends) if self.forward is not None else None
         if logits is None:
             logits = forward_batches(self.model, inputs.x, ends)
         pooled = None if merged else logits
@@ -236,6 +240,24 @@ def _forget(seen: dict[int, tuple[_Fingerprint, Metrics]], cid: int, ref: weakre
 
 class _NotRowIndependent(Exception):
     pass
+
+
+def even_batches(rows: int, parts: int, batch_size: int) -> list[list[int]] | None:
+    """``rows`` rows cut into ``parts`` runs of about equal rows, each cut into batches of at most ``batch_size``
+    rows (the ends of each run's batches, counted from the run's start), or None when a batch would have fewer
+    than SMALL_BATCH rows (a row's logits could then depend on its batch) or there are fewer than 2 runs."""
+    parts = min(parts, rows // SMALL_BATCH)
+    if parts < 2:
+        return None
+    runs = []
+    for i in range(parts):
+        n = rows * (i + 1) // parts - rows * i // parts
+        k = -(-n // batch_size)
+        ends = [n * j // k for j in range(1, k + 1)]
+        if min(b - a for a, b in zip([0, *ends[:-1]], ends)) < SMALL_BATCH:
+            return None
+        runs.append(ends)
+    return runs
 
 
 @torch.no_grad()

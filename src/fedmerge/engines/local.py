@@ -8,6 +8,7 @@ clients with personalised models are evaluated in the workers."""
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable
 from functools import partial
@@ -26,7 +27,8 @@ from fedmerge.core.types import ClientState, Payload, ServerState, Update
 from fedmerge.metrics import classification_metrics
 
 from .evaluation import evaluate_client, is_generative, seed_global_rng
-from .grouped_eval import GroupedEvaluator, Prepare, forward_batches, payload_weights
+from .grouped_eval import GroupedEvaluator, Prepare, even_batches, forward_batches, payload_weights
+from .schedule import largest_first, split_rows
 from .vectorized import fit_vectorized
 from .workers import WorkerPool
 
@@ -79,6 +81,7 @@ class LocalEngine:
         self._pool_algorithm: Algorithm | None = None
         self._evaluator = GroupedEvaluator(clients, self.model, eval_batch_size, self._forward_in_workers)
         self._pooled: tuple[torch.Tensor, torch.Tensor] | None = None  # the pooled test, made once
+        self._rows: list[tuple[int, int, int]] | None = None  # each client's split sizes, for the workers' order
 
     def __enter__(self) -> LocalEngine:
         return self
@@ -183,28 +186,36 @@ class LocalEngine:
         return one(algorithm, rnd, cid, payload, state)
 
     def _forward_in_workers(
-        self, weights: dict[str, torch.Tensor], x: torch.Tensor, ends: list[int]
+        self, weights: dict[str, torch.Tensor], x: torch.Tensor, ends: list[int] | None
     ) -> torch.Tensor | None:
         """``forward_batches`` of the model with ``weights`` on ``x`` (batches ending at rows ``ends``), its batches
         shared out among the worker processes once they run, or None when they do not (the caller predicts here).
 
         Each worker predicts a run of whole batches, as this process would, with one thread as here: the logits
         are those of this process bit for bit (a global model's evaluation pass no longer runs on one core while
-        the others wait)."""
-        if self._pool is None or not self._parallel or self.device.type != "cpu" or len(ends) < 2:
+        the others wait). ``ends`` None: the rows may be cut into any batches (`even_batches`): each worker
+        predicts an equal share of them."""
+        if self._pool is None or not self._parallel or self.device.type != "cpu":
             return None
-        parts = min(self.workers, len(ends))
-        starts = [0, *ends[:-1]]
-        cuts = [len(ends) * i // parts for i in range(parts + 1)]  # batch indices: runs of about equal rows
+        if ends is None:
+            runs = even_batches(int(x.shape[0]), self.workers, self.eval_batch_size)
+            if runs is None:
+                return None
+            cuts = [0, *itertools.accumulate(r[-1] for r in runs)]
+        else:
+            if len(ends) < 2:
+                return None
+            parts = min(self.workers, len(ends))
+            at = [len(ends) * i // parts for i in range(parts + 1)]  # batch indices: runs of about equal rows
+            cuts = [0, *(ends[at[i + 1] - 1] for i in range(parts))]
+            runs = [[e - cuts[i] for e in ends[at[i] : at[i + 1]]] for i in range(parts)]
         payload = Payload(weights)
         tasks = []
-        for i in range(parts):
-            first, last = cuts[i], cuts[i + 1] - 1
-            a = starts[first]
-            part = x[a : ends[last]]  # sent contiguous: its strides travel with it
-            tasks.append(("forward", 0, i, payload, (part, part.stride(), [e - a for e in ends[first : last + 1]])))
+        for i, run in enumerate(runs):
+            part = x[cuts[i] : cuts[i + 1]]  # sent contiguous: its strides travel with it
+            tasks.append(("forward", 0, i, payload, (part, part.stride(), run)))
         out = self._pool.map(tasks)
-        return torch.cat([out[i] for i in range(parts)])
+        return torch.cat([out[i] for i in range(len(runs))])
 
     @property
     def workers_used(self) -> int:
@@ -224,7 +235,7 @@ class LocalEngine:
         on_result: Callable[[int, Any], None],
         timed: bool = False,
     ) -> None:
-        """Run ``kind`` for each client in client-id order, here or in the workers; ``on_result``
+        """Run ``kind`` for each client, here in client-id order or in the workers largest first; ``on_result``
         receives each client's result (in the workers' case, in the order they finish). ``timed``: clients
         run here are timed, and once they took ``min_round_seconds`` the others go to the workers."""
         if not self._parallel:
@@ -246,8 +257,11 @@ class LocalEngine:
             self.close()
             self._pool = WorkerPool(self.workers, partial(self._run_task, algorithm))
             self._pool_algorithm = algorithm
-        tasks = [(kind, rnd, cid, payloads[cid], self._states.get(cid)) for cid in sorted(payloads)]
-        self._pool.map(tasks, on_result)
+        if self._rows is None:
+            self._rows = split_rows(self.clients)
+        # largest first: no large client left to run alone at the end (schedule.py); results are by client id
+        order = largest_first(kind, payloads, self._rows)
+        self._pool.map([(kind, rnd, cid, payloads[cid], self._states.get(cid)) for cid in order], on_result)
 
     # --- rounds --------------------------------------------------------------------------
     def fit(self, algorithm: Algorithm, rnd: int, payloads: dict[int, Payload]) -> dict[int, Update]:

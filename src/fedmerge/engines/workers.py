@@ -256,7 +256,7 @@ class _Worker:
 class WorkerPool:
     """``workers`` forked processes, each calling ``run_task(kind, rnd, cid, payload, state)``.
 
-    Tasks go to whichever worker is idle, in client-id order; results come back keyed by client id.
+    Tasks go to whichever worker is idle, in the order given; results come back keyed by client id.
     A client that raises stops the call with its exception, as it would in-process; a worker that
     dies (killed, out of memory, crashed) stops it with a one-line `RoundFailed`. Either
     way the pool is closed (a later call forks a fresh one), so nothing waits forever.
