@@ -158,6 +158,17 @@ class Selection(JsonRecord):
     participation_gap: Mapping[str, float] | None = _field()
     by_client: list[dict[str, Any]] | None = _field()  # named clients' headline metrics
 
+    def part(self, name: str) -> Mapping[str, Any] | None:
+        """A part by its key: ``clients``, ``global``, ``unseen`` or a further budget's ``unseen_adaptN`` (across
+        clients: `Stats`; ``global``: the pooled figures); None when the selection has none."""
+        known: dict[str, Mapping[str, Any] | None] = {"clients": self.clients, "global": self.pooled}
+        if name in known:
+            return known[name]
+        if name == "unseen":
+            return self.unseen
+        further = self.extras.get(name) if name.startswith("unseen_adapt") else None
+        return None if further is None else {k: Stats.from_dict(v) for k, v in further.items()}
+
 
 @dataclass(frozen=True)
 class Communication(JsonRecord):
@@ -238,6 +249,11 @@ class RunSummary(VersionedRecord):
         return cls.from_dict(json.loads(text))
 
 
+def as_summary(summary: RunSummary | Mapping[str, Any]) -> RunSummary:
+    """A summary given as its JSON object (a caller that built one by hand) read into a `RunSummary`."""
+    return summary if isinstance(summary, RunSummary) else RunSummary.from_dict(summary)
+
+
 def write_summary(path: Path, summary: RunSummary) -> None:
     atomic_write_bytes(path, summary.to_json().encode())
 
@@ -301,6 +317,14 @@ class RoundRecord(VersionedRecord):
     failed_clients: list[dict[str, Any]] | None = _field()
     eval: Evaluation | None = _field(record=Evaluation)
     summary: Mapping[str, Stats] | None = _field(each=Stats)  # each metric across the evaluated clients
+
+    def evaluation(self, name: str = "eval") -> Evaluation | None:
+        """The round's evaluation of the participants (``eval``) or of the newcomers (``eval_unseen``,
+        ``eval_unseen_adaptN``); None when the round has none."""
+        if name == "eval":
+            return self.eval
+        found = self.extras.get(name) if name.startswith("eval_unseen") else None
+        return None if found is None else Evaluation.from_dict(found)
 
     def mean(self, metric: str) -> float | None:
         """The clients' mean of ``metric`` at this round; None when it was not evaluated."""
