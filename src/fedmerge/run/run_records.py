@@ -109,12 +109,15 @@ class VersionedRecord(JsonRecord):
             raise ValueError(problem)
         record = super().from_dict(data)  # type: ignore[misc]
         object.__setattr__(record, "schema_version", version)
+        if VERSION_KEY in data:  # written back as it was, even a version 1 that names itself
+            object.__setattr__(record, "keys", record.keys | {VERSION_KEY})
         return record
 
     def to_dict(self) -> dict[str, Any]:
         out = super().to_dict()
         # version 1 is the layout of every file written before versioning, which had no key
-        return out if self.schema_version == 1 else out | {VERSION_KEY: self.schema_version}
+        named = self.schema_version != 1 or VERSION_KEY in (self.keys or ())
+        return out | {VERSION_KEY: self.schema_version} if named else out
 
 
 def version_problem(version: Any, what: str) -> str | None:

@@ -16,7 +16,7 @@ from fedmerge.config.schema import ConfigError
 from fedmerge.metrics.intervals import paired_t_interval
 from fedmerge.run.provenance import read_provenance
 from fedmerge.run.results import SUMMARY_FILE
-from fedmerge.run.run_records import RunSummary, read_summary
+from fedmerge.run.run_records import ParameterBudget, RunSummary, read_summary
 from fedmerge.study.claims import count_text, git_root, late_declarations, mark_late, paper_claims
 from fedmerge.study.evidence import BOOTSTRAP_RESAMPLES, MIN_BOOTSTRAP_CLIENTS, judge, noise_floor
 from fedmerge.study.protocol import Conducted, extra_score, score_on_test, summary_of, val_score
@@ -311,7 +311,7 @@ def paper_comparison(done: Conducted) -> list[dict[str, Any]]:
 
 def not_private(rr: list[tuple[int, dict[str, Any], Path]]) -> bool:
     """Whether a row's runs used ``privacy.reproducible_noise`` (DP noise from the seed: not private)."""
-    return any((s.get("privacy") or {}).get("private") is False for _, s, _ in rr)
+    return any(s.private is False for _, s, _ in rr)
 
 
 def _results_rows(done: Conducted) -> list[dict[str, Any]]:
@@ -322,7 +322,7 @@ def _results_rows(done: Conducted) -> list[dict[str, Any]]:
         if not rr:
             rows.append({"label": m.label, "runs": 0})
             continue
-        budget = rr[0][1].get("parameter_budget", {})
+        budget = rr[0][1].parameter_budget or ParameterBudget()
         commits = sorted(commits_of([f for _, _, f in rr]))
         rows.append(
             {
@@ -333,9 +333,9 @@ def _results_rows(done: Conducted) -> list[dict[str, Any]]:
                 "last": pct([score_on_test(study, s, "last") for _, s, _ in rr]),
                 "extra": [pct([extra_score(s, c) for _, s, _ in rr]) for c in study.columns],
                 "ari": ari_text(rr),
-                "server": budget.get("server_stored", 0),
-                "down": budget.get("down_per_client_round", 0),
-                "up": budget.get("up_per_client_round", 0),
+                "server": budget.server_stored or 0,
+                "down": budget.down_per_client_round or 0,
+                "up": budget.up_per_client_round or 0,
                 "commits": ", ".join(commits) + (" (mixed)" if len(commits) > 1 else ""),
                 "not_private": not_private(rr),
             }
@@ -360,7 +360,7 @@ def _tuning_rows(done: Conducted) -> list[dict[str, Any]]:
     return rows
 
 
-def tuning_score_text(summary: dict[str, Any] | None, study: Study) -> str:
+def tuning_score_text(summary: RunSummary | None, study: Study) -> str:
     """A tuning run's score as the tuning table shows it: validation metric in %, or the validation loss."""
     if not summary:
         return "failed"

@@ -1,0 +1,124 @@
+"""The typed run records (fedmerge.run.run_records): a real run folder's summary.json and metrics.jsonl read and
+written back byte for byte, files older than versioning read as version 1, newer ones refused in one line, a
+method's own fields kept, and the readers converted to them giving the figures read straight from the JSON."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from helpers import quick_config, run
+
+from fedmerge.report.data import client_accuracies, learning_curve, loose_records
+from fedmerge.report.plot_budget import budget_point
+from fedmerge.run.results import METRICS_FILE, SUMMARY_FILE, RunStore
+from fedmerge.run.run_records import (
+    SCHEMA_VERSION,
+    RoundRecord,
+    RunSummary,
+    read_summary,
+    summary_or_none,
+    write_summary,
+)
+from fedmerge.study.protocol import score_on_test, val_score
+from fedmerge.study.spec import Metric
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("records") / "run"
+    run(quick_config("rounds=3", "eval_every=1", output_dir=folder.parent), folder)
+    return folder
+
+
+def test_a_real_runs_summary_and_round_lines_are_written_back_byte_for_byte(run_dir, tmp_path):
+    text = (run_dir / SUMMARY_FILE).read_text()
+    summary = read_summary(run_dir / SUMMARY_FILE)
+    write_summary(tmp_path / SUMMARY_FILE, summary)
+    assert (tmp_path / SUMMARY_FILE).read_text() == text
+    lines = (run_dir / METRICS_FILE).read_text().splitlines(keepends=True)
+    assert len(lines) == 3
+    assert [RoundRecord.from_json(line).to_json() + "\n" for line in lines] == lines
+    # the typed fields hold what the JSON holds (read here without the module)
+    raw = json.loads(text)
+    assert summary.schema_version == 1 and raw.get("schema_version") is None
+    assert summary.best_val.clients["test_acc"].mean == raw["best_val"]["clients"]["test_acc"]["mean"]
+    assert summary.last.pooled == raw["last"]["global"]
+    assert summary.parameter_budget.client_stored == raw["parameter_budget"]["client_stored"]
+    assert summary.communication_per_client_per_round.up == raw["communication_per_client_per_round"]["up"]
+    assert summary.client_groups is None and summary.has("client_groups")  # a null stays a null
+    first = RoundRecord.from_json(lines[0])
+    assert first.round == 1 and first.mean("val_nll") == json.loads(lines[0])["summary"]["val_nll"]["mean"]
+
+
+def test_unknown_keys_are_kept_as_extras_and_written_back():
+    data = {
+        "algorithm": "fedmerge",
+        "cluster_recovery": {"ari": 0.5, "purity": 1.0},  # a method's summary_extras
+        "best_val": {"round": 2, "clients": {}, "global": None, "unseen_adapt2": {"test_acc": {"mean": 0.4}}},
+    }
+    summary = RunSummary.from_dict(data)
+    assert summary.extras == {"cluster_recovery": {"ari": 0.5, "purity": 1.0}}
+    assert summary.best_val.part("unseen_adapt2")["test_acc"].mean == 0.4
+    assert summary.best_val.pooled is None
+    assert summary.to_dict() == data
+    row = {"round": 1, "merge_weights": [[0.5, 0.5]], "eval_unseen": {"clients": {"7": {"test_acc": 0.25}}}}
+    record = RoundRecord.from_dict(row)
+    assert record.extras["merge_weights"] == [[0.5, 0.5]]
+    assert record.evaluation("eval_unseen").clients == {"7": {"test_acc": 0.25}}
+    assert record.to_dict() == row
+
+
+def test_round_rows_go_through_the_typed_record_on_their_way_to_disk(tmp_path):
+    store = RunStore(tmp_path)
+    store.append_metrics({"round": 1, "train_loss": 0.5, "lambda_line": [0.1]})
+    assert (tmp_path / METRICS_FILE).read_text() == '{"lambda_line": [0.1], "round": 1, "train_loss": 0.5}\n'
+    assert store.read_rounds()[0].train_loss == 0.5
+
+
+def test_an_older_file_without_a_version_is_version_one_and_a_named_version_is_kept(tmp_path):
+    path = tmp_path / SUMMARY_FILE
+    path.write_text(json.dumps({"algorithm": "fedavg", "rounds_completed": 3}))
+    old = read_summary(path)
+    assert (old.schema_version, old.algorithm, old.rounds_completed) == (1, "fedavg", 3)
+    named = RunSummary.from_json('{"schema_version": 1, "seed": 0}')
+    assert named.schema_version == 1 and named.to_json() == json.dumps({"schema_version": 1, "seed": 0}, indent=1)
+
+
+@pytest.mark.parametrize("version", [SCHEMA_VERSION + 1, 99])
+def test_a_newer_layout_is_refused_in_one_line(tmp_path, version):
+    (tmp_path / SUMMARY_FILE).write_text(json.dumps({"schema_version": version, "algorithm": "fedavg"}))
+    for read in (read_summary, summary_or_none, lambda p: RunStore(p.parent).read_summary()):
+        with pytest.raises(ValueError, match=f"schema_version {version} is newer than this fedmerge reads") as err:
+            read(tmp_path / SUMMARY_FILE)
+        assert "\n" not in str(err.value) and str(tmp_path) in str(err.value)
+    with pytest.raises(ValueError, match="metrics.jsonl: schema_version"):
+        RoundRecord.from_json(json.dumps({"schema_version": version, "round": 1}))
+    with pytest.raises(ValueError, match="not a layout version"):
+        RunSummary.from_dict({"schema_version": "two"})
+
+
+def test_the_converted_readers_give_the_figures_in_the_json(run_dir):
+    raw = json.loads((run_dir / SUMMARY_FILE).read_text())
+    rows = [json.loads(line) for line in (run_dir / METRICS_FILE).read_text().splitlines()]
+    curve = learning_curve(run_dir)
+    assert curve["eval_rounds"] == [1, 2, 3]
+    assert curve["test_acc"] == [r["summary"]["test_acc"]["mean"] for r in rows]
+    assert curve["train_loss"] == [r["train_loss"] for r in rows]
+    (record,) = loose_records([run_dir])
+    best = next(r for r in rows if r["round"] == raw["best_val"]["round"])
+    assert client_accuracies(record) == [m["test_acc"] for m in best["eval"]["clients"].values()]
+    point = budget_point(run_dir)
+    assert point["accuracy"] == raw["last"]["clients"]["test_acc"]["mean"]
+    assert point["communicated"] == sum(raw["communication_per_client_per_round"].values())
+    assert point["client"] == raw["parameter_budget"]["client_stored"]
+
+    class Scored:  # the two fields of a study that the scores read
+        metric, select = Metric(), "val_metric"
+
+    assert score_on_test(Scored, raw) == raw["best_val"]["clients"]["test_acc"]["mean"]
+    assert score_on_test(Scored, raw, "last") == raw["last"]["clients"]["test_acc"]["mean"]
+    assert val_score(read_summary(run_dir / SUMMARY_FILE), Scored) == raw["best_val"]["clients"]["val_acc"]["mean"]
+    Scored.metric = Metric(scope="global")
+    assert score_on_test(Scored, raw) == raw["best_val"]["global"]["test_acc"]
