@@ -122,3 +122,25 @@ def test_the_converted_readers_give_the_figures_in_the_json(run_dir):
     assert val_score(read_summary(run_dir / SUMMARY_FILE), Scored) == raw["best_val"]["clients"]["val_acc"]["mean"]
     Scored.metric = Metric(scope="global")
     assert score_on_test(Scored, raw) == raw["best_val"]["global"]["test_acc"]
+
+
+def test_the_comparison_reads_each_selection_of_the_typed_summary():
+    from fedmerge.report.compare import DONE, RunRecord, budget_of, compare
+
+    def summary(best: float, last: float, unseen: float) -> dict:
+        stats = {"mean": best, "worst10": best - 0.2}
+        return {
+            "best_val": {"clients": {"test_acc": stats}, "unseen": {"test_acc": {"mean": unseen}}},
+            "last": {"clients": {"test_acc": {"mean": last, "worst10": 0.0}}},
+            "parameter_budget": {"client_optimized": 7.0, "down_per_client_round": 2.0, "up_per_client_round": 3.0},
+        }
+
+    records = [
+        RunRecord("a-0", "a", "s", 0, DONE, None, summary(0.8, 0.6, 0.5)),
+        RunRecord("a-1", "a", "s", 1, DONE, None, summary(0.6, 0.4, 0.3)),
+    ]
+    (table,) = compare(records)
+    (row,) = table.rows
+    assert row.best_val.mean == pytest.approx(0.7) and row.last.mean == pytest.approx(0.5)
+    assert row.worst10.mean == pytest.approx(0.5) and row.unseen.mean == pytest.approx(0.4)
+    assert budget_of(records) == {"client_optimized": 7.0, "communicated": 5.0, "server_stored": None}
