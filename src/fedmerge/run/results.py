@@ -82,8 +82,9 @@ class RunStore:
     def read_config_path(self) -> Path:
         return self.dir / CONFIG_FILE
 
-    def append_metrics(self, row: dict[str, Any]) -> None:
-        append_line(self.dir / METRICS_FILE, RoundRecord.from_dict(row).to_dict(), sort_keys=True)
+    def append_metrics(self, row: RoundRecord | Mapping[str, Any]) -> None:
+        typed = row if isinstance(row, RoundRecord) else RoundRecord.from_dict(row)
+        append_line(self.dir / METRICS_FILE, typed.to_dict(), sort_keys=True)
 
     def read_metrics(self) -> list[dict[str, Any]]:
         """The rows written whole; a line cut by a crash, and everything after it, is untrusted."""
@@ -105,8 +106,8 @@ class RunStore:
     def time_spent(self) -> float:
         """Seconds the run's earlier segments ran: the most any row or the summary recorded (rows past a
         damaged line count too: that time was spent)."""
-        rows = all_readable_rows(self.dir / METRICS_FILE)
-        spent = [float(r["elapsed_seconds"]) for r in rows if isinstance(r.get("elapsed_seconds"), int | float)]
+        rows = round_records(all_readable_rows(self.dir / METRICS_FILE))
+        spent = [float(r.elapsed_seconds) for r in rows if isinstance(r.elapsed_seconds, int | float)]
         summary = self.read_summary()
         if summary is not None and isinstance(summary.wall_seconds, int | float):
             spent.append(float(summary.wall_seconds))
