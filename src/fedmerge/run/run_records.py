@@ -14,7 +14,7 @@ Versions: the files written before versioning (every file so far) carry no ``sch
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
@@ -88,7 +88,7 @@ def _decode(meta: Mapping[str, Any], value: Any) -> Any:
 def _encode(value: Any) -> Any:
     if isinstance(value, JsonRecord):
         return value.to_dict()
-    if isinstance(value, dict):
+    if isinstance(value, Mapping):
         return {k: _encode(v) for k, v in value.items()}
     if isinstance(value, list):
         return [_encode(v) for v in value]
@@ -300,6 +300,16 @@ class Evaluation(JsonRecord):
 
 
 @dataclass(frozen=True)
+class RoundGap(JsonRecord):
+    """A round's local-global gap: the clients' mean training loss on the received model (``received``), after
+    local training (``trained``), and their difference (``gap``)."""
+
+    gap: float = _field()
+    received: float = _field()
+    trained: float = _field()
+
+
+@dataclass(frozen=True)
 class RoundRecord(VersionedRecord):
     """One line of ``metrics.jsonl``: a completed round. Newcomers' evaluations (``eval_unseen...``,
     ``summary_unseen...``) and a method's own round fields are in ``extras``."""
@@ -316,7 +326,7 @@ class RoundRecord(VersionedRecord):
     eval_seconds: float | None = _field()
     elapsed_seconds: float | None = _field()
     gpu_peak_mib: float | None = _field()
-    local_gap: Mapping[str, float] | None = _field()
+    local_gap: RoundGap | None = _field(record=RoundGap)
     failed_clients: list[dict[str, Any]] | None = _field()
     eval: Evaluation | None = _field(record=Evaluation)
     summary: Mapping[str, Stats] | None = _field(each=Stats)  # each metric across the evaluated clients
@@ -328,6 +338,14 @@ class RoundRecord(VersionedRecord):
             return self.eval
         found = self.extras.get(name) if name.startswith("eval_unseen") else None
         return None if found is None else Evaluation.from_dict(found)
+
+    def unseen_summaries(self) -> dict[str, Mapping[str, Stats]]:
+        """The newcomers' summaries by name (``unseen``, ``unseen_adaptN``), in the row's order."""
+        return {
+            k.removeprefix("summary_"): {m: Stats.from_dict(v) for m, v in found.items()}
+            for k, found in self.extras.items()
+            if k.startswith("summary_unseen")
+        }
 
     def mean(self, metric: str) -> float | None:
         """The clients' mean of ``metric`` at this round; None when it was not evaluated."""
@@ -342,6 +360,11 @@ class RoundRecord(VersionedRecord):
         return cls.from_dict(json.loads(text))
 
 
-def round_records(rows: list[dict[str, Any]]) -> list[RoundRecord]:
+def round_records(rows: Sequence[RoundRecord | Mapping[str, Any]]) -> list[RoundRecord]:
     """The rows of ``metrics.jsonl`` (as `fedmerge.run.records.read_lines` gives them) typed."""
-    return [RoundRecord.from_dict(r) for r in rows]
+    return [r if isinstance(r, RoundRecord) else RoundRecord.from_dict(r) for r in rows]
+
+
+def plain(value: Any) -> Any:
+    """A record (or a mapping or list of them) as its JSON value: what a summary being built holds."""
+    return _encode(value)
