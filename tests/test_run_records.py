@@ -60,6 +60,8 @@ def test_unknown_keys_are_kept_as_extras_and_written_back():
     }
     summary = RunSummary.from_dict(data)
     assert summary.extras == {"cluster_recovery": {"ari": 0.5, "purity": 1.0}}
+    assert list(summary.to_dict()) == ["algorithm", "cluster_recovery", "best_val"]  # the order read, in memory too
+    assert list(summary.to_dict()["best_val"]) == ["round", "clients", "global", "unseen_adapt2"]
     assert summary.best_val.part("unseen_adapt2")["test_acc"].mean == 0.4
     assert summary.best_val.pooled is None
     assert summary.to_dict() == data
@@ -144,3 +146,86 @@ def test_the_comparison_reads_each_selection_of_the_typed_summary():
     assert row.best_val.mean == pytest.approx(0.7) and row.last.mean == pytest.approx(0.5)
     assert row.worst10.mean == pytest.approx(0.5) and row.unseen.mean == pytest.approx(0.4)
     assert budget_of(records) == {"client_optimized": 7.0, "communicated": 5.0, "server_stored": None}
+
+
+# every branch of summary.md; the text is what the dict-based writer before the typed records printed for it
+FULL_SUMMARY = {
+    "name": "x",
+    "algorithm": "fedmerge",
+    "dataset": "d",
+    "rounds_completed": 3,
+    "diverged": "diverged: boom",
+    "privacy": {"private": False, "dp_sgd": {"epsilon_max": 1.5, "delta": 1e-5, "epsilon_max_prv": 1.25}},
+    "parameters": {"model": 1234.0, "server_state": 99.0},
+    "parameter_budget": {
+        "server_stored": 1.0,
+        "down_per_client_round": 2.0,
+        "up_per_client_round": 3.0,
+        "client_stored": 4.0,
+        "client_optimized": 5.0,
+    },
+    "local_gap": {"mean": 0.1, "mean_second_half": 0.2, "last": 0.3, "last_received": 1.0, "last_trained": 0.7},
+    "client_names": ["A", "B"],
+    "cluster_recovery": {"round": 3, "ari": 0.5, "nmi": 0.25, "purity": 1.0, "groups": 2, "models_used": 2},
+    "last": {
+        "round": 3,
+        "clients": {
+            "test_acc": {"mean": 0.5, "weighted_mean": 0.6, "std": 0.1, "worst10": 0.2, "min": 0.1, "max": 0.9}
+        },
+        "global": {"test_acc": 0.55},
+        "unseen": {"test_acc": {"mean": 0.4, "weighted_mean": 0.41, "std": 0.05, "worst10": 0.3, "min": 0, "max": 1}},
+        "participation_gap": {"test_acc": 0.1},
+        "by_client": [
+            {"cid": 0, "name": "A", "test_acc": 0.5, "test_n": 10},
+            {"cid": 1, "name": "B", "test_acc": 0.25, "test_n": 4},
+        ],
+    },
+}
+
+
+def test_summary_markdown_reads_the_typed_summary_and_prints_what_it_printed_before():
+    from fedmerge.run.summary import summary_markdown
+
+    expected = """\
+# x: fedmerge on d
+
+rounds completed: 3
+
+**warning: diverged: boom**
+
+**NOT private**
+DP-SGD: epsilon 1.5 (RDP), 1.25 (PRV), largest over the clients, at delta 1e-05
+
+| selection | round | metric | mean | weighted mean | std | worst 10% |
+|---|---|---|---|---|---|---|
+| last | 3 | test_acc | 0.5000 | 0.6000 | 0.1000 | 0.2000 |
+| last (clients that never trained) | 3 | test_acc | 0.4000 | 0.4100 | 0.0500 | 0.3000 |
+| last (participation gap: seen - unseen) | 3 | test_acc | 0.1000 | | | |
+| last (global model, pooled test) | 3 | test_acc | 0.5500 | | | |
+
+| parameters | count |
+|---|---|
+| model | 1,234 |
+| server_state | 99 |
+
+| parameter budget (float values) | count |
+|---|---|
+| server_stored | 1 |
+| down_per_client_round | 2 |
+| up_per_client_round | 3 |
+| client_stored | 4 |
+| client_optimized | 5 |
+
+local-global gap (train loss received - trained): mean 0.1000, second half 0.2000, last 0.3000
+
+clients (2, named by the data; last evaluation):
+
+| cid | client | test_acc | test samples |
+|---|---|---|---|
+| 0 | A | 0.5000 | 10 |
+| 1 | B | 0.2500 | 4 |
+
+cluster recovery (ARI of argmax merge weight vs. true group) at round 3: 0.5000
+"""
+    assert summary_markdown(FULL_SUMMARY) == expected
+    assert summary_markdown(RunSummary.from_dict(FULL_SUMMARY)) == expected

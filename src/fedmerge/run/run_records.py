@@ -39,11 +39,12 @@ class JsonRecord:
     """A JSON object with typed known keys (the subclass's fields) and untouched unknown ones (``extras``)."""
 
     extras: Mapping[str, Any] = field(default_factory=dict, repr=False)
-    keys: frozenset[str] | None = field(default=None, repr=False)  # the known keys present; None: those not None
+    # the object's keys in its file's order (known and extra); None: the known fields that are not None
+    keys: tuple[str, ...] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.keys is None:
-            present = frozenset(k for k, name in self._known().items() if getattr(self, name) is not None)
+            present = tuple(k for k, name in self._known().items() if getattr(self, name) is not None)
             object.__setattr__(self, "keys", present)
 
     @classmethod
@@ -59,13 +60,18 @@ class JsonRecord:
         known = cls._known()
         values = {name: _decode(meta[name], data[key]) for key, name in known.items() if key in data}
         extras = {k: v for k, v in data.items() if k not in known and k != VERSION_KEY}
-        return cls(**values, extras=extras, keys=frozenset(k for k in known if k in data))
+        return cls(**values, extras=extras, keys=tuple(data))
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON object: the known keys present, then the extras."""
+        """The JSON object: the known keys present and the extras, in the order they were read."""
         assert self.keys is not None
-        out = {key: _encode(getattr(self, name)) for key, name in self._known().items() if key in self.keys}
-        return out | dict(self.extras)
+        values = {key: _encode(getattr(self, name)) for key, name in self._known().items() if key in self.keys}
+        values |= self._more() | dict(self.extras)
+        return {k: values[k] for k in self.keys if k in values} | values
+
+    def _more(self) -> dict[str, Any]:
+        """Keys a subclass writes besides its fields and extras."""
+        return {}
 
     def has(self, key: str) -> bool:
         """Whether the file holds ``key`` (known or extra), even as ``null``."""
@@ -109,15 +115,13 @@ class VersionedRecord(JsonRecord):
             raise ValueError(problem)
         record = super().from_dict(data)  # type: ignore[misc]
         object.__setattr__(record, "schema_version", version)
-        if VERSION_KEY in data:  # written back as it was, even a version 1 that names itself
-            object.__setattr__(record, "keys", record.keys | {VERSION_KEY})
         return record
 
-    def to_dict(self) -> dict[str, Any]:
-        out = super().to_dict()
-        # version 1 is the layout of every file written before versioning, which had no key
+    def _more(self) -> dict[str, Any]:
+        # version 1 is the layout of every file written before versioning, which had no key; a file that names
+        # its version keeps it
         named = self.schema_version != 1 or VERSION_KEY in (self.keys or ())
-        return out | {VERSION_KEY: self.schema_version} if named else out
+        return {VERSION_KEY: self.schema_version} if named else {}
 
 
 def version_problem(version: Any, what: str) -> str | None:

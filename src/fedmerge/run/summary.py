@@ -8,7 +8,7 @@ from typing import Any
 
 from fedmerge.algorithms import ALGORITHMS  # importing it registers the built-in methods and their hooks
 from fedmerge.metrics import summarize
-from fedmerge.run.run_records import RoundRecord, plain, round_records
+from fedmerge.run.run_records import RoundRecord, RunSummary, Selection, Stats, as_summary, plain, round_records
 
 HEADLINE = ("test_acc", "test_top5", "test_rouge1", "test_nll", "test_ece", "test_mce")
 # measurements that differ between two runs of one config, not what it computed (gpu_peak_mib: a CUDA run's peak
@@ -230,62 +230,59 @@ def privacy_lines(privacy: dict[str, Any] | None) -> list[str]:
     return lines
 
 
-def summary_markdown(summary: dict[str, Any]) -> str:
+def summary_markdown(summary: RunSummary | dict[str, Any]) -> str:
+    typed = as_summary(summary)
     lines = [
-        f"# {summary.get('name', 'run')}: {summary.get('algorithm')} on {summary.get('dataset')}",
+        f"# {typed.name if typed.has('name') else 'run'}: {typed.algorithm} on {typed.dataset}",
         "",
-        f"rounds completed: {summary.get('rounds_completed')}",
-        *(["", f"**warning: {summary['diverged']}**"] if summary.get("diverged") else []),
-        *privacy_lines(summary.get("privacy")),
+        f"rounds completed: {typed.rounds_completed}",
+        *(["", f"**warning: {typed.diverged}**"] if typed.diverged else []),
+        *privacy_lines(typed.privacy),
         "",
         "| selection | round | metric | mean | weighted mean | std | worst 10% |",
         "|---|---|---|---|---|---|---|",
     ]
     for label in ("last", "best_val"):
-        part = summary.get(label)
-        if not part:
-            continue
-        for key in HEADLINE:
-            s = part["clients"].get(key)
-            if s:
-                lines.append(
-                    f"| {label} | {part['round']} | {key} | {s['mean']:.4f} | {s['weighted_mean']:.4f} | "
-                    f"{s['std']:.4f} | {s['worst10']:.4f} |"
-                )
-        for key in HEADLINE:
-            s = part.get("unseen", {}).get(key)
-            if s:
-                lines.append(
-                    f"| {label} (clients that never trained) | {part['round']} | {key} | {s['mean']:.4f} | "
-                    f"{s['weighted_mean']:.4f} | {s['std']:.4f} | {s['worst10']:.4f} |"
-                )
-        gap = part.get("participation_gap", {}).get("test_acc")
-        if gap is not None:
-            lines.append(
-                f"| {label} (participation gap: seen - unseen) | {part['round']} | test_acc | {gap:.4f} | | | |"
-            )
-        glob = part.get("global")
-        if glob:
-            lines.append(
-                f"| {label} (global model, pooled test) | {part['round']} | test_acc | {glob['test_acc']:.4f} | | | |"
-            )
-    params = summary.get("parameters")
-    if params:
+        part = typed.selection(label)
+        if part is not None:
+            lines += selection_markdown(label, part)
+    if typed.parameters:
         lines += ["", "| parameters | count |", "|---|---|"]
-        lines += [f"| {k} | {v:,.0f} |" for k, v in params.items()]
-    budget = summary.get("parameter_budget")
-    if budget:
+        lines += [f"| {k} | {v:,.0f} |" for k, v in typed.parameters.items()]
+    if typed.parameter_budget is not None:
         lines += ["", "| parameter budget (float values) | count |", "|---|---|"]
-        lines += [f"| {k} | {v:,.0f} |" for k, v in budget.items()]
-    gap = summary.get("local_gap")
-    if gap:
+        lines += [f"| {k} | {v:,.0f} |" for k, v in typed.parameter_budget.to_dict().items()]
+    gap = typed.local_gap
+    if gap is not None:
         lines += [
             "",
-            f"local-global gap (train loss received - trained): mean {gap['mean']:.4f}, "
-            f"second half {gap['mean_second_half']:.4f}, last {gap['last']:.4f}",
+            f"local-global gap (train loss received - trained): mean {gap.mean:.4f}, "
+            f"second half {gap.mean_second_half:.4f}, last {gap.last:.4f}",
         ]
-    named = (summary.get("last") or {}).get("by_client")
+    named = typed.last.by_client if typed.last is not None else None
     if named is not None:
-        lines += named_clients_markdown(named, len(summary.get("client_names") or named))
-    lines += ALGORITHMS.hooks(summary.get("algorithm")).lines(summary)  # e.g. FedMerge's cluster recovery
+        lines += named_clients_markdown(named, len(typed.client_names or named))
+    # a method's lines (e.g. FedMerge's cluster recovery) read the summary's JSON object
+    lines += ALGORITHMS.hooks(typed.algorithm).lines(summary if isinstance(summary, dict) else typed.to_dict())
     return "\n".join(lines) + "\n"
+
+
+def selection_markdown(label: str, part: Selection) -> list[str]:
+    """summary.md's rows of one selection (``last``, ``best_val``)."""
+
+    def row(what: str, key: str, s: Stats) -> str:
+        return (
+            f"| {what} | {part.round} | {key} | {s.mean:.4f} | {s.weighted_mean:.4f} | {s.std:.4f} | {s.worst10:.4f} |"
+        )
+
+    clients, unseen = part.clients or {}, part.unseen or {}
+    lines = [row(label, key, clients[key]) for key in HEADLINE if key in clients]
+    lines += [row(f"{label} (clients that never trained)", key, unseen[key]) for key in HEADLINE if key in unseen]
+    gap = (part.participation_gap or {}).get("test_acc")
+    if gap is not None:
+        lines.append(f"| {label} (participation gap: seen - unseen) | {part.round} | test_acc | {gap:.4f} | | | |")
+    if part.pooled:
+        lines.append(
+            f"| {label} (global model, pooled test) | {part.round} | test_acc | {part.pooled['test_acc']:.4f} | | | |"
+        )
+    return lines
