@@ -16,7 +16,7 @@ from fedmerge.config.schema import ConfigError
 from fedmerge.metrics.intervals import paired_t_interval
 from fedmerge.run.provenance import read_provenance
 from fedmerge.run.results import SUMMARY_FILE
-from fedmerge.run.run_records import ParameterBudget, RunSummary, read_summary
+from fedmerge.run.run_records import ParameterBudget, RunSummary, as_summary, read_summary
 from fedmerge.study.claims import count_text, git_root, late_declarations, mark_late, paper_claims
 from fedmerge.study.evidence import BOOTSTRAP_RESAMPLES, MIN_BOOTSTRAP_CLIENTS, judge, noise_floor
 from fedmerge.study.protocol import Conducted, extra_score, score_on_test, summary_of, val_score
@@ -309,9 +309,9 @@ def paper_comparison(done: Conducted) -> list[dict[str, Any]]:
     return out
 
 
-def not_private(rr: list[tuple[int, dict[str, Any], Path]]) -> bool:
+def not_private(rr: list[tuple[int, RunSummary | dict[str, Any], Path]]) -> bool:
     """Whether a row's runs used ``privacy.reproducible_noise`` (DP noise from the seed: not private)."""
-    return any(s.private is False for _, s, _ in rr)
+    return any(as_summary(s).private is False for _, s, _ in rr)
 
 
 def _results_rows(done: Conducted) -> list[dict[str, Any]]:
