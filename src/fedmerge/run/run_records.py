@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
+from functools import cache
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
@@ -50,14 +51,13 @@ class JsonRecord:
     @classmethod
     def _known(cls) -> dict[str, str]:
         """JSON key -> field name, for the keys this version knows."""
-        return {f.metadata.get("key") or f.name: f.name for f in fields(cls) if f.name not in _BOOKKEEPING}
+        return _layout(cls)[0]
 
     @classmethod
     def from_dict(cls: type[R], data: Mapping[str, Any]) -> R:
         if not isinstance(data, Mapping):
             raise ValueError(f"{cls.__name__}: expected a JSON object, got {type(data).__name__}")
-        meta = {f.name: f.metadata for f in fields(cls)}
-        known = cls._known()
+        known, meta = _layout(cls)
         values = {name: _decode(meta[name], data[key]) for key, name in known.items() if key in data}
         extras = {k: v for k, v in data.items() if k not in known and k != VERSION_KEY}
         return cls(**values, extras=extras, keys=tuple(data))
@@ -77,6 +77,13 @@ class JsonRecord:
         """Whether the file holds ``key`` (known or extra), even as ``null``."""
         assert self.keys is not None
         return key in self.keys or key in self.extras
+
+
+@cache
+def _layout(cls: type) -> tuple[dict[str, str], dict[str, Mapping[str, Any]]]:
+    """A record class's known keys (JSON key -> field name) and each field's metadata, worked out once a class."""
+    known = {f.metadata.get("key") or f.name: f.name for f in fields(cls) if f.name not in _BOOKKEEPING}
+    return known, {f.name: f.metadata for f in fields(cls)}
 
 
 def _decode(meta: Mapping[str, Any], value: Any) -> Any:
