@@ -19,6 +19,7 @@ from fedmerge.report.legacy import (
     superfed_ablation,
     superfed_report,
 )
+from fedmerge.run.run_records import RunSummary
 from fedmerge.run.runner import run_experiment
 
 TINY = """name: tiny
@@ -45,11 +46,12 @@ def test_slug_keeps_letters_and_digits_and_joins_the_rest_with_dashes():
 
 def test_a_finished_run_is_read_back_not_run_again(tmp_path):
     (tmp_path / "summary.json").write_text(json.dumps({"last": {"read": "back"}}))
-    assert runs.run_once("no_such_config.yaml", [], tmp_path) == {"last": {"read": "back"}}
+    assert runs.run_once("no_such_config.yaml", [], tmp_path).to_dict() == {"last": {"read": "back"}}
 
 
-def fake_summary(global_acc: float, client_acc: float = 0.5) -> dict:
-    return {"last": {"global": {"test_acc": global_acc}, "clients": {"test_acc": {"mean": client_acc, "std": 0.1}}}}
+def fake_summary(global_acc: float, client_acc: float = 0.5, **more) -> RunSummary:
+    last = {"global": {"test_acc": global_acc}, "clients": {"test_acc": {"mean": client_acc, "std": 0.1}}}
+    return RunSummary.from_dict({"last": last, **more})
 
 
 def test_livar_report_writes_every_beta_and_reuses_fedavg_and_livar_in_the_ablation(tmp_path, monkeypatch):
@@ -85,8 +87,7 @@ def test_livar_report_writes_every_beta_and_reuses_fedavg_and_livar_in_the_ablat
 
 def test_foundation_report_tables_each_clients_accuracy_and_the_upload(tmp_path, monkeypatch):
     def stand_in(config, overrides, run_dir):
-        summary = fake_summary(0.0, client_acc=0.625)
-        return summary | {"communication_per_client_per_round": {"up": 12345.0}}
+        return fake_summary(0.0, client_acc=0.625, communication_per_client_per_round={"up": 12345.0})
 
     monkeypatch.setattr(foundation_report, "run_once", stand_in)
     monkeypatch.setattr(foundation_report, "per_client", lambda run_dir: {"10": 0.5, "2": 0.75})

@@ -85,44 +85,37 @@ def _in(exc: BaseException, run_dir: Path) -> BaseException:
 
 
 def print_summary(summary: dict[str, Any]) -> None:
-    table = Table(
-        title=f"{summary.get('algorithm')} on {summary.get('dataset')} ({summary.get('num_clients')} clients)"
-    )
+    from fedmerge.run.run_records import as_summary  # imported by the run already
+
+    typed = as_summary(summary)
+    table = Table(title=f"{typed.algorithm} on {typed.dataset} ({typed.num_clients} clients)")
     for col in ("selection", "round", "metric", "mean", "weighted", "std", "worst 10%"):
         table.add_column(col, justify="right" if col not in ("selection", "metric") else "left")
     for label in ("last", "best_val"):
-        part = summary.get(label)
-        if not part:
+        part = typed.selection(label)
+        if part is None:
             continue
+        clients = part.clients or {}
         for key in ("test_acc", "test_top5", "test_nll", "test_ece", "test_mce"):
-            s = part["clients"].get(key)
-            if s:
-                table.add_row(
-                    label,
-                    str(part["round"]),
-                    key,
-                    f"{s['mean']:.4f}",
-                    f"{s['weighted_mean']:.4f}",
-                    f"{s['std']:.4f}",
-                    f"{s['worst10']:.4f}",
-                )
-        if part.get("global"):
-            table.add_row(label, str(part["round"]), "global test_acc", f"{part['global']['test_acc']:.4f}", "", "", "")
+            if (s := clients.get(key)) is not None:
+                figures = (s.mean, s.weighted_mean, s.std, s.worst10)
+                table.add_row(label, str(part.round), key, *(f"{v:.4f}" for v in figures))
+        if part.pooled:
+            table.add_row(label, str(part.round), "global test_acc", f"{part.pooled['test_acc']:.4f}", "", "", "")
     out.print(table)
-    comm = summary.get("communication_per_client_per_round")
-    params = summary.get("parameters", {})
-    if comm:
+    comm, params = typed.communication_per_client_per_round, typed.parameters or {}
+    if comm is not None:
         out.print(
             f"parameters: model {params.get('model', 0):,.0f}, server {params.get('server_state', 0):,.0f}, "
             f"per client state {params.get('client_state_mean', 0):,.0f}; "
-            f"communicated per client per round: down {comm['down']:,.0f}, up {comm['up']:,.0f}",
+            f"communicated per client per round: down {comm.down:,.0f}, up {comm.up:,.0f}",
             soft_wrap=True,
         )
-    gap = summary.get("local_gap")
-    if gap:
-        out.print(f"local-global gap (train loss received - trained): mean {gap['mean']:.4f}, last {gap['last']:.4f}")
+    gap = typed.local_gap
+    if gap is not None:
+        out.print(f"local-global gap (train loss received - trained): mean {gap.mean:.4f}, last {gap.last:.4f}")
     from fedmerge.algorithms import ALGORITHMS  # imported by the run already
 
-    for line in ALGORITHMS.hooks(summary.get("algorithm")).lines(summary):  # e.g. FedMerge's cluster recovery
+    for line in ALGORITHMS.hooks(typed.algorithm).lines(summary):  # e.g. FedMerge's cluster recovery
         if line:
             out.print(line, soft_wrap=True, highlight=False, markup=False)

@@ -127,7 +127,8 @@ def _print_tables(tables: list[Any]) -> None:
         for r in t.failures:
             out.print(f"failed: {r.key}: {escape(r.error or '')}", highlight=False, soft_wrap=True)
         for r in t.diverged:
-            out.print(f"warning: {r.key}: {escape(r.summary['diverged'])}", highlight=False, soft_wrap=True)
+            diverged = r.summary.diverged if r.summary is not None else None
+            out.print(f"warning: {r.key}: {escape(diverged or '')}", highlight=False, soft_wrap=True)
 
 
 @app.command()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import io
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,6 +20,7 @@ import numpy as np
 
 from fedmerge.core.checkpoint import atomic_write_bytes
 from fedmerge.run.results import DONE, FAILED, INCOMPLETE, PENDING, RunRecord  # noqa: F401  (re-exported)
+from fedmerge.run.run_records import RunSummary, Selection, Stats
 from fedmerge.sweep.runner import sweep_records
 
 
@@ -67,7 +69,7 @@ class SettingTable:
     @property
     def diverged(self) -> list[RunRecord]:
         """Finished runs whose training blew up (``summary.json``'s ``diverged``): "done", but not trained."""
-        return [r for row in self.rows for r in row.runs if r.status == DONE and (r.summary or {}).get("diverged")]
+        return [r for row in self.rows for r in row.runs if r.status == DONE and r.summary and r.summary.diverged]
 
     @property
     def has_unseen(self) -> bool:
@@ -75,23 +77,41 @@ class SettingTable:
         return any(row.unseen is not None for row in self.rows)
 
 
-def _stat(runs: list[RunRecord], selection: str, metric: str = "mean", part_key: str = "clients") -> Stat | None:
+def _stat(runs: list[RunRecord], value: Callable[[RunSummary], float | None]) -> Stat | None:
+    """``value`` of each finished run's summary, by seed; None when no run has it."""
     values = {}
     for r in runs:
-        part = (r.summary or {}).get(selection)
-        acc = (part.get(part_key) or {}).get("test_acc") if part else None
-        if r.status == DONE and acc is not None:
-            values[r.seed] = float(acc[metric])
+        v = value(r.summary) if r.status == DONE and r.summary is not None else None
+        if v is not None:
+            values[r.seed] = float(v)
     return Stat(values) if values else None
 
 
-def _gap(runs: list[RunRecord]) -> Stat | None:
-    values = {}
-    for r in runs:
-        gap = ((r.summary or {}).get("best_val") or {}).get("participation_gap", {}).get("test_acc")
-        if r.status == DONE and gap is not None:
-            values[r.seed] = float(gap)
-    return Stat(values) if values else None
+def _test_acc(part: Selection | None, unseen: bool = False) -> Stats | None:
+    """A selection's test accuracy across the clients that trained (or, ``unseen``, those that never did)."""
+    if part is None:
+        return None
+    return ((part.unseen if unseen else part.clients) or {}).get("test_acc")
+
+
+def _best_mean(s: RunSummary) -> float | None:
+    return None if (acc := _test_acc(s.best_val)) is None else acc.mean
+
+
+def _last_mean(s: RunSummary) -> float | None:
+    return None if (acc := _test_acc(s.last)) is None else acc.mean
+
+
+def _best_worst10(s: RunSummary) -> float | None:
+    return None if (acc := _test_acc(s.best_val)) is None else acc.worst10
+
+
+def _unseen_mean(s: RunSummary) -> float | None:
+    return None if (acc := _test_acc(s.best_val, unseen=True)) is None else acc.mean
+
+
+def _gap(s: RunSummary) -> float | None:
+    return ((s.best_val.participation_gap if s.best_val else None) or {}).get("test_acc")
 
 
 def paired_p_value(a: dict[int, float], b: dict[int, float]) -> tuple[float | None, int]:
@@ -110,12 +130,12 @@ def paired_p_value(a: dict[int, float], b: dict[int, float]) -> tuple[float | No
 
 def budget_of(runs: list[RunRecord]) -> dict[str, float]:
     for r in runs:
-        b = (r.summary or {}).get("parameter_budget")
+        b = r.summary.parameter_budget if r.summary is not None else None
         if r.status == DONE and b:
             return {
-                "client_optimized": b["client_optimized"],
-                "communicated": b["down_per_client_round"] + b["up_per_client_round"],
-                "server_stored": b["server_stored"],
+                "client_optimized": b.client_optimized,
+                "communicated": b.down_per_client_round + b.up_per_client_round,
+                "server_stored": b.server_stored,
             }
     return {}
 
@@ -128,9 +148,9 @@ def compare(records: list[RunRecord]) -> list[SettingTable]:
         rows = []
         for method in dict.fromkeys(r.method for r in mine):
             runs = [r for r in mine if r.method == method]
-            row = MethodRow(method, runs, _stat(runs, "best_val"), _stat(runs, "last"))
-            row.worst10 = _stat(runs, "best_val", "worst10")
-            row.unseen, row.gap = _stat(runs, "best_val", part_key="unseen"), _gap(runs)
+            row = MethodRow(method, runs, _stat(runs, _best_mean), _stat(runs, _last_mean))
+            row.worst10 = _stat(runs, _best_worst10)
+            row.unseen, row.gap = _stat(runs, _unseen_mean), _stat(runs, _gap)
             row.budget = budget_of(runs)
             rows.append(row)
         ranked = [r for r in rows if r.best_val is not None]
@@ -240,7 +260,7 @@ def to_markdown(tables: list[SettingTable], title: str = "Comparison") -> str:
             lines += [f"- `{r.key}` (seed {r.seed}): {r.error or 'failed'}" for r in table.failures]
         if table.diverged:
             lines += ["", "Diverged runs (done, but not trained):", ""]
-            lines += [f"- `{r.key}` (seed {r.seed}): {r.summary['diverged']}" for r in table.diverged]
+            lines += [f"- `{r.key}` (seed {r.seed}): {r.summary and r.summary.diverged}" for r in table.diverged]
     return "\n".join(lines) + "\n"
 
 

@@ -7,7 +7,6 @@ or any folder holding either below it.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +18,7 @@ from fedmerge.report.plot_budget import run_setting, setting_labels
 from fedmerge.report.plot_privacy import privacy_tag
 from fedmerge.run.folder_lock import active_writer
 from fedmerge.run.results import CONFIG_FILE, SUMMARY_FILE, RunStore
+from fedmerge.run.run_records import read_summary
 from fedmerge.sweep.runner import INDEX_FILE, is_sweep_dir, sweep_records
 
 
@@ -80,8 +80,8 @@ def loose_records(run_dirs: list[Path]) -> list[RunRecord]:
     infos = []
     for d in run_dirs:
         config = yaml.safe_load((d / CONFIG_FILE).read_text()) or {}
-        summary = json.loads((d / SUMMARY_FILE).read_text()) if (d / SUMMARY_FILE).is_file() else None
-        infos.append((d, config, summary, run_setting(d, summary or {})))
+        summary = read_summary(d / SUMMARY_FILE) if (d / SUMMARY_FILE).is_file() else None
+        infos.append((d, config, summary, run_setting(d, summary)))
     labels = setting_labels([info[3] for info in infos])
     records = []
     for (d, config, summary, _), label in zip(infos, labels):
@@ -96,13 +96,13 @@ def loose_records(run_dirs: list[Path]) -> list[RunRecord]:
 
 def learning_curve(run_dir: Path) -> dict[str, list[float]]:
     """Per evaluated round: mean client test accuracy; per round: train loss."""
-    rows = RunStore(run_dir).read_metrics()
-    evals = [r for r in rows if "test_acc" in r.get("summary", {})]
+    rows = RunStore(run_dir).read_rounds()
+    evals = [(r.round, acc) for r in rows if (acc := r.mean("test_acc")) is not None]
     return {
-        "eval_rounds": [r["round"] for r in evals],
-        "test_acc": [r["summary"]["test_acc"]["mean"] for r in evals],
-        "rounds": [r["round"] for r in rows],
-        "train_loss": [r["train_loss"] for r in rows],
+        "eval_rounds": [rnd for rnd, _ in evals],
+        "test_acc": [acc for _, acc in evals],
+        "rounds": [r.round for r in rows],
+        "train_loss": [r.train_loss for r in rows],
     }
 
 
@@ -122,9 +122,11 @@ def client_accuracies(record: RunRecord) -> list[float]:
     """Each client's test accuracy at the run's best-validation round (else its last evaluated round)."""
     if record.run_dir is None:
         return []
-    wanted = ((record.summary or {}).get("best_val") or (record.summary or {}).get("last") or {}).get("round")
-    rows = [r for r in RunStore(record.run_dir).read_metrics() if "eval" in r]
-    chosen = next((r for r in rows if r["round"] == wanted), rows[-1] if rows else None)
-    if chosen is None:
+    summary = record.summary
+    part = summary and (summary.best_val or summary.last)
+    wanted = part.round if part else None
+    rows = [r for r in RunStore(record.run_dir).read_rounds() if r.eval is not None]
+    chosen = next((r for r in rows if r.round == wanted), rows[-1] if rows else None)
+    if chosen is None or chosen.eval is None:
         return []
-    return [m["test_acc"] for m in chosen["eval"]["clients"].values() if "test_acc" in m]
+    return [m["test_acc"] for m in chosen.eval.clients.values() if "test_acc" in m]

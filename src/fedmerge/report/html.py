@@ -119,7 +119,7 @@ def build_report(
                     _safe(f"{setting}: {run.key}", lambda f=figure, r=folder: _png_file(lambda path: f.draw(r, path)))
                 )
         done_here = [r.run_dir for r in mine if r.status == DONE]
-        if any("privacy" in (r.summary or {}) for r in mine if r.status == DONE):
+        if any(r.summary is not None and r.summary.has("privacy") for r in mine if r.status == DONE):
             report.privacy.append(_safe(f"{setting}", lambda d=done_here: _privacy_png(d)))
     report.method_sections = [
         MethodSection(f.name.replace("_", "-"), f.title, f.note, f.empty, drawn.get(f.name, []))
@@ -128,7 +128,7 @@ def build_report(
     done = [r for r in records if r.status == DONE]
     if done:
         report.budget = _safe("mean over seeds of each method and setting", lambda: _budget_png(done))
-    report.not_private = [r.key for r in records if ((r.summary or {}).get("privacy") or {}).get("private") is False]
+    report.not_private = [r.key for r in records if r.summary is not None and r.summary.private is False]
     report.runs = [_run_details(r) for r in records]
     report.problems = [r for r in records if r.status != DONE]
     out = Path(out)
@@ -266,6 +266,6 @@ def _run_details(record: RunRecord) -> dict[str, Any]:
         "record": record,
         "config": config,
         "segments": segments,
-        "not_private": ((record.summary or {}).get("privacy") or {}).get("private") is False,
+        "not_private": record.summary is not None and record.summary.private is False,
         "commits": sorted({(s.get("commit") or "?")[:10] + ("+dirty" if s.get("dirty") else "") for s in segments}),
     }

@@ -4,7 +4,6 @@ way, its module imported from the run's ``plugins:`` key (or its installed entry
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from fedmerge.core.plugins import import_plugins, load_installed
 from fedmerge.report.plot_merge_weights import client_groups
 from fedmerge.run.records import read_lines
 from fedmerge.run.results import CONFIG_FILE, METRICS_FILE, SUMMARY_FILE
+from fedmerge.run.run_records import read_summary
 
 
 def _config(run_dir: Path) -> dict[str, Any]:
@@ -31,7 +31,7 @@ def method_of(run_dir: Path) -> str | None:
     load_installed()
     import_plugins(config.get("plugins") or (), f"{run_dir}: plugins")
     summary = run_dir / SUMMARY_FILE
-    name = json.loads(summary.read_text()).get("algorithm") if summary.is_file() else None
+    name = read_summary(summary).algorithm if summary.is_file() else None
     return name or (config.get("algorithm") or {}).get("name")
 
 
@@ -45,7 +45,7 @@ def read_run_folder(run_dir: str | Path) -> RunFolder:
     return RunFolder(
         path=run_dir,
         rows=read_lines(run_dir / METRICS_FILE)[0],  # the rows written whole
-        summary=json.loads(summary.read_text()) if summary.is_file() else {},
+        summary=read_summary(summary).to_dict() if summary.is_file() else {},  # plugins read the JSON object
         find_groups=lambda: client_groups(run_dir),
     )
 

@@ -17,7 +17,6 @@ legend serves every panel: an algorithm has the same colour throughout.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from typing import Any
 import yaml
 
 from fedmerge.run.results import CONFIG_FILE, SUMMARY_FILE
+from fedmerge.run.run_records import RunSummary, read_summary
 
 AXES = (
     ("server", "server parameters"),
@@ -38,32 +38,30 @@ def budget_point(run_dir: str | Path) -> dict[str, Any]:
     path = Path(run_dir) / SUMMARY_FILE
     if not path.exists():
         raise FileNotFoundError(f"{path} does not exist; is {run_dir} a finished run folder?")
-    summary = json.loads(path.read_text())
-    try:
-        accuracy = float(summary["last"]["clients"]["test_acc"]["mean"])
-        params = summary["parameters"]
-        comm = summary["communication_per_client_per_round"]
-    except KeyError as err:
-        raise ValueError(f"{path}: no {err} (a run with no evaluated round?)") from None
-    budget = summary.get("parameter_budget", {})
-    client = budget.get("client_stored", float(params.get("client_state_mean", 0.0)) + float(comm["down"]))
+    summary = read_summary(path)
+    params, comm = summary.parameters, summary.communication_per_client_per_round
+    accuracy = (summary.last.clients or {}).get("test_acc") if summary.last is not None else None
+    if accuracy is None or params is None or comm is None:
+        raise ValueError(f"{path}: no last test accuracy, parameters or communication (a run with no evaluated round?)")
+    budget = summary.parameter_budget
+    client = budget.client_stored if budget is not None else float(params.get("client_state_mean", 0.0)) + comm.down
     return {
-        "label": str(summary.get("algorithm", Path(run_dir).name)),
-        "accuracy": accuracy,
+        "label": str(summary.algorithm if summary.has("algorithm") else Path(run_dir).name),
+        "accuracy": float(accuracy.mean),
         "server": float(params.get("server_state", math.nan)),
-        "communicated": float(comm["down"]) + float(comm["up"]),
+        "communicated": float(comm.down) + float(comm.up),
         "client": float(client),
-        "dataset": str(summary.get("dataset", "?")),
+        "dataset": str(summary.dataset if summary.has("dataset") else "?"),
         "setting": run_setting(Path(run_dir), summary),
     }
 
 
-def run_setting(run_dir: Path, summary: dict[str, Any]) -> dict[str, Any]:
+def run_setting(run_dir: Path, summary: RunSummary | None) -> dict[str, Any]:
     """The partition (and label noise, when there is any) the run was made under."""
     config = run_dir / CONFIG_FILE
     data = yaml.safe_load(config.read_text()) if config.exists() else None
     if not isinstance(data, dict):
-        return {"partition": {"name": summary.get("partition", "?")}}
+        return {"partition": {"name": summary.partition if summary is not None and summary.has("partition") else "?"}}
     setting = {"partition": data.get("partition") or {}}
     noise = data.get("noise") or {}
     if noise.get("kind", "none") != "none":

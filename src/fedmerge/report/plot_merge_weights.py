@@ -3,7 +3,6 @@ the methods' own [`draw_merge_weights`][fedmerge.algorithms.assignments.draw_mer
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +10,7 @@ import numpy as np
 from fedmerge.algorithms import assignments
 from fedmerge.algorithms.assignments import draw_merge_weights, pick_rounds
 from fedmerge.run.results import SUMMARY_FILE, RunStore
+from fedmerge.run.run_records import read_summary
 
 __all__ = ["client_groups", "merge_weight_snapshots", "pick_rounds", "plot_merge_weights"]
 
@@ -26,7 +26,7 @@ def client_groups(run_dir: str | Path) -> list[int] | None:
     run_dir = Path(run_dir)
     summary = run_dir / SUMMARY_FILE
     if summary.exists():
-        groups = json.loads(summary.read_text()).get("client_groups")
+        groups = read_summary(summary).client_groups
         if groups is not None:
             return None if any(g is None for g in groups) else [int(g) for g in groups]
     from fedmerge.config.schema import load_config

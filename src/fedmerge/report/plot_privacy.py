@@ -30,6 +30,7 @@ from typing import Any
 import yaml
 
 from fedmerge.run.results import CONFIG_FILE, SUMMARY_FILE
+from fedmerge.run.run_records import read_summary
 
 MECHANISMS = {"dp_sgd": "DP-SGD (sample-level)", "central": "central DP (user-level)"}
 EPSILON_TEXT = {"dp_sgd": "ε, largest over clients (log scale)", "central": "user-level ε (log scale)"}
@@ -68,14 +69,15 @@ def read_run(run_dir: str | Path, selection: str = "last") -> PrivacyRun:
     if not summary_path.is_file():
         raise ValueError(f"{run_dir}: unfinished (no {SUMMARY_FILE})")
     config = yaml.safe_load(config_path.read_text()) or {}
-    summary = json.loads(summary_path.read_text())
-    try:
-        accuracy = float(summary[selection]["clients"]["test_acc"]["mean"])
-    except (KeyError, TypeError):
-        raise ValueError(f"{summary_path}: no {selection}.clients.test_acc (no evaluated round?)") from None
+    summary = read_summary(summary_path)
+    part = summary.selection(selection)
+    stats = (part.clients or {}).get("test_acc") if part is not None else None
+    if stats is None:
+        raise ValueError(f"{summary_path}: no {selection}.clients.test_acc (no evaluated round?)")
+    accuracy = float(stats.mean)
     section = {k: v for k, v in (config.get("privacy") or {}).items() if v is not None}
     mechanism = "+".join(k for k in MECHANISMS if k in section) or "none"
-    spent = summary.get("privacy") or {}
+    spent = summary.privacy or {}
     epsilon = epsilon_mean = delta = clip = None
     noise = ""
     if mechanism in MECHANISMS:

@@ -28,6 +28,7 @@ from fedmerge.engines.device import resolve_device
 from fedmerge.run.engine_setup import flower_options, require_flower
 from fedmerge.run.results import CHECKPOINT_DIR, FEDERATION_FILE, SUMMARY_FILE
 from fedmerge.run.resume import config_digest
+from fedmerge.run.run_records import RunSummary, read_summary
 
 ROUNDS = ("last", "best")  # --round: the checkpoint of the last round (default), of the best-validation round
 
@@ -76,6 +77,17 @@ def parse_round(text: str) -> str:
     raise ConfigError(f"--round {text!r}: give last, best or a round number")
 
 
+def _summary(run_dir: Path) -> RunSummary | None:
+    """The run's ``summary.json``; None before the run finished, one line when it cannot be read."""
+    path = run_dir / SUMMARY_FILE
+    if not path.is_file():
+        return None
+    try:
+        return read_summary(path)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+
+
 def _json(path: Path) -> dict[str, Any] | None:
     if not path.is_file():
         return None
@@ -94,13 +106,13 @@ def _checkpoint(run_dir: Path, which: str) -> Checkpoint:
     if which == "last":
         return load_checkpoint(folder, with_clients=False)
     if which == "best":
-        summary = _json(run_dir / SUMMARY_FILE)
-        if summary is None or "best_val" not in summary:
+        summary = _summary(run_dir)
+        if summary is None or summary.best_val is None:
             raise ConfigError(
                 f"{run_dir}: no best-validation round in {SUMMARY_FILE} (did the run finish, with a validation "
                 "split?); use --round last"
             )
-        rnd = int(summary["best_val"]["round"])
+        rnd = int(summary.best_val.round)
     else:
         rnd = int(which)
     if json.loads((folder / LATEST).read_text()).get("round") == rnd:
@@ -125,9 +137,9 @@ def read_run(run_dir: str | Path, which: str = "last") -> TrainedRun:
     digest = config_digest(cfg)
     if checkpoint.meta.get("config_digest") not in (None, digest):
         raise ConfigError(f"{run_dir}: config.yaml no longer matches its checkpoints; refusing to onboard from it")
-    summary, federation = _json(run_dir / SUMMARY_FILE), _json(run_dir / FEDERATION_FILE)
-    if summary is not None and "num_clients" in summary:  # the clients the method was built for
-        participants = int(summary["num_clients"])
+    summary, federation = _summary(run_dir), _json(run_dir / FEDERATION_FILE)
+    if summary is not None and summary.num_clients is not None:  # the clients the method was built for
+        participants = int(summary.num_clients)
     elif federation is not None:
         participants = int(federation["num_clients"])
     else:

@@ -25,6 +25,7 @@ from fedmerge.run.progress import RoundProgress
 from fedmerge.run.provenance import record_segment
 from fedmerge.run.results import RunStore
 from fedmerge.run.resume import config_digest
+from fedmerge.run.run_records import RoundRecord
 from fedmerge.run.setup import Start
 from fedmerge.run.summary import build_summary, summarize_eval, summary_markdown
 from fedmerge.run.tensorboard_log import ScalarLog
@@ -116,19 +117,20 @@ def record_rounds(
             peak = peak_memory_mib(device)  # on CUDA: this round's peak, so growth over rounds shows
             if peak is not None:
                 record["gpu_peak_mib"] = peak
-            store.append_metrics(record)
+            typed = RoundRecord.from_dict(record)
+            store.append_metrics(typed)
             if tensorboard is not None:
-                tensorboard.round(rnd, record)
+                tensorboard.round(rnd, typed)
             if rnd % cfg.checkpoint_every == 0 or rnd == cfg.rounds:
                 checkpoint(rnd, server_state)
-            progress.round_done(rnd, progress_text(record))
+            progress.round_done(rnd, progress_text(typed))
             if announce and (first := getattr(engine, "parallel_from", None)) is not None:
                 segment.notify(workers.started(first))
                 announce = False
             if segment.round_notices:
                 failed = sorted({f["cid"] for f in failures})
                 dropped = f"  dropped clients {failed}" if failed else ""
-                segment.notify(f"round {rnd}/{cfg.rounds}: {progress_text(record)}{dropped}")
+                segment.notify(f"round {rnd}/{cfg.rounds}: {progress_text(typed)}{dropped}")
             if stop_after is not None and rnd >= stop_after:
                 raise Stopped
 
@@ -193,11 +195,10 @@ def parameter_counts(
     }
 
 
-def progress_text(record: dict[str, Any]) -> str:
-    parts = [f"loss {record['train_loss']:.3f}"]
-    s = record.get("summary", {})
-    if "test_acc" in s:
-        parts.append(f"acc {s['test_acc']['mean']:.3f}")
-    if "val_nll" in s:
-        parts.append(f"val_nll {s['val_nll']['mean']:.3f}")
+def progress_text(record: RoundRecord) -> str:
+    parts = [f"loss {record.train_loss:.3f}"]
+    if (acc := record.mean("test_acc")) is not None:
+        parts.append(f"acc {acc:.3f}")
+    if (val_nll := record.mean("val_nll")) is not None:
+        parts.append(f"val_nll {val_nll:.3f}")
     return "  ".join(parts)

@@ -15,7 +15,7 @@ whole, fsynced line at a time.
 
 from __future__ import annotations
 
-import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -24,6 +24,7 @@ from typing import Any
 from fedmerge.config.schema import CONFIG_FILE, ConfigError, make_folder
 from fedmerge.core.checkpoint import atomic_write_bytes
 from fedmerge.run.records import all_readable_rows, append_line, read_lines, rewrite_lines
+from fedmerge.run.run_records import RoundRecord, RunSummary, round_records, summary_or_none, write_summary
 
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
@@ -81,12 +82,17 @@ class RunStore:
     def read_config_path(self) -> Path:
         return self.dir / CONFIG_FILE
 
-    def append_metrics(self, row: dict[str, Any]) -> None:
-        append_line(self.dir / METRICS_FILE, row, sort_keys=True)
+    def append_metrics(self, row: RoundRecord | Mapping[str, Any]) -> None:
+        typed = row if isinstance(row, RoundRecord) else RoundRecord.from_dict(row)
+        append_line(self.dir / METRICS_FILE, typed.to_dict(), sort_keys=True)
 
     def read_metrics(self) -> list[dict[str, Any]]:
         """The rows written whole; a line cut by a crash, and everything after it, is untrusted."""
         return read_lines(self.dir / METRICS_FILE)[0]
+
+    def read_rounds(self) -> list[RoundRecord]:
+        """[`read_metrics()`][fedmerge.run.results.RunStore.read_metrics], typed."""
+        return round_records(self.read_metrics())
 
     def recorded_rounds(self) -> int:
         """The last round R such that rounds 1..R each have their row, whole and in order."""
@@ -100,11 +106,11 @@ class RunStore:
     def time_spent(self) -> float:
         """Seconds the run's earlier segments ran: the most any row or the summary recorded (rows past a
         damaged line count too: that time was spent)."""
-        rows = all_readable_rows(self.dir / METRICS_FILE)
-        spent = [float(r["elapsed_seconds"]) for r in rows if isinstance(r.get("elapsed_seconds"), int | float)]
+        rows = round_records(all_readable_rows(self.dir / METRICS_FILE))
+        spent = [float(r.elapsed_seconds) for r in rows if isinstance(r.elapsed_seconds, int | float)]
         summary = self.read_summary()
-        if summary is not None and isinstance(summary.get("wall_seconds"), int | float):
-            spent.append(float(summary["wall_seconds"]))
+        if summary is not None and isinstance(summary.wall_seconds, int | float):
+            spent.append(float(summary.wall_seconds))
         return max(spent, default=0.0)
 
     def truncate_metrics(self, last_round: int) -> list[dict[str, Any]]:
@@ -113,15 +119,13 @@ class RunStore:
         rewrite_lines(self.dir / METRICS_FILE, rows, sort_keys=True)
         return rows
 
-    def read_summary(self) -> dict[str, Any] | None:
-        try:
-            summary = json.loads((self.dir / SUMMARY_FILE).read_text())
-        except (OSError, ValueError):
-            return None
-        return summary if isinstance(summary, dict) else None
+    def read_summary(self) -> RunSummary | None:
+        """The run's summary; None before it finished (a newer layout is refused in one line)."""
+        return summary_or_none(self.dir / SUMMARY_FILE)
 
-    def write_summary(self, summary: dict[str, Any], markdown: str) -> None:
-        atomic_write_bytes(self.dir / SUMMARY_FILE, json.dumps(summary, indent=1, sort_keys=True).encode())
+    def write_summary(self, summary: Mapping[str, Any] | RunSummary, markdown: str) -> None:
+        typed = summary if isinstance(summary, RunSummary) else RunSummary.from_dict(summary)
+        write_summary(self.dir / SUMMARY_FILE, typed)
         atomic_write_bytes(self.dir / SUMMARY_MD, markdown.encode())
 
 
@@ -140,5 +144,9 @@ class RunRecord:
     seed: int
     status: str  # DONE, FAILED, INCOMPLETE (stopped before its end), PENDING (not started)
     run_dir: Path | None = None
-    summary: dict[str, Any] | None = None
+    summary: RunSummary | None = None  # a summary's dict is read into one
     error: str | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.summary, Mapping):
+            self.summary = RunSummary.from_dict(self.summary)

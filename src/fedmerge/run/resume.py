@@ -129,7 +129,7 @@ def finished_summary(run_dir: Path, cfg: ExperimentConfig, ckpt: Checkpoint | No
     summary = store.read_summary()
     if ckpt is None or summary is None or ckpt.round < cfg.rounds or store.recorded_rounds() < ckpt.round:
         return None
-    return summary
+    return summary.to_dict()
 
 
 def keep_rounds_in_config(store: RunStore, rounds: int) -> None:

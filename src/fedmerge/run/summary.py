@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 from fedmerge.algorithms import ALGORITHMS  # importing it registers the built-in methods and their hooks
 from fedmerge.metrics import summarize
+from fedmerge.run.run_records import RoundRecord, RunSummary, Selection, Stats, as_summary, plain, round_records
 
 HEADLINE = ("test_acc", "test_top5", "test_rouge1", "test_nll", "test_ece", "test_mce")
 # measurements that differ between two runs of one config, not what it computed (gpu_peak_mib: a CUDA run's peak
@@ -34,49 +36,46 @@ def summarize_eval(per_client: dict[Any, dict[str, float]]) -> dict[str, dict[st
     return out
 
 
-def build_summary(rows: list[dict[str, Any]], info: dict[str, Any]) -> dict[str, Any]:
+def build_summary(rows: Sequence[RoundRecord | dict[str, Any]], info: dict[str, Any]) -> dict[str, Any]:
     """Final figures: the last evaluated round and the round with the lowest mean val loss."""
-    evals = [r for r in rows if "eval" in r]
+    rounds = round_records(rows)
+    evals = [r for r in rounds if r.eval is not None]
     summary: dict[str, Any] = dict(info)
-    summary["rounds_completed"] = rows[-1]["round"] if rows else 0
-    if rows:
-        summary["communication_per_client_per_round"] = {
-            "down": sum(r["comm_down"] for r in rows) / len(rows),
-            "up": sum(r["comm_up"] for r in rows) / len(rows),
+    summary["rounds_completed"] = rounds[-1].round if rounds else 0
+    if rounds:
+        comm = {
+            "down": sum(r.comm_down for r in rounds) / len(rounds),
+            "up": sum(r.comm_up for r in rounds) / len(rounds),
         }
-        summary["parameter_budget"] = parameter_budget(
-            info.get("parameters", {}), summary["communication_per_client_per_round"]
-        )
-        gap = local_gap_summary(rows)
+        summary["communication_per_client_per_round"] = comm
+        summary["parameter_budget"] = parameter_budget(info.get("parameters", {}), comm)
+        gap = local_gap_summary(rounds)
         if gap:
             summary["local_gap"] = gap
-    diverged = divergence(rows, info.get("num_classes"))
+    diverged = divergence(rounds, info.get("num_classes"))
     if diverged:
         summary["diverged"] = diverged
-    summary |= method_extras(rows, summary)
+    # a method's hooks read the rows as the JSON objects of metrics.jsonl
+    summary |= method_extras([r.to_dict() if isinstance(r, RoundRecord) else r for r in rows], summary)
     if not evals:
         return summary
     last = evals[-1]
-    summary["last"] = {
-        "round": last["round"],
-        "clients": last["summary"],
-        "global": last["eval"].get("global"),
-        **unseen_part(last),
-    }
+    summary["last"] = selection(last)
     names = info.get("client_names")
     if names is not None:  # named clients (e.g. "PLAY: ROLE"): each one's last figures under its name
-        summary["last"]["by_client"] = named_clients(last["eval"]["clients"], names)
-    with_val = [r for r in evals if "val_nll" in r["summary"]]
+        summary["last"]["by_client"] = named_clients(last.eval.clients, names)  # type: ignore[union-attr]
+    with_val = [(stats.mean, r.round, r) for r in evals if (stats := (r.summary or {}).get("val_nll")) is not None]
     if with_val:
-        best = min(with_val, key=lambda r: (r["summary"]["val_nll"]["mean"], r["round"]))
-        summary["best_val"] = {
-            "round": best["round"],
-            "val_nll": best["summary"]["val_nll"]["mean"],
-            "clients": best["summary"],
-            "global": best["eval"].get("global"),
-            **unseen_part(best),  # the round chosen on the participants' validation loss only
-        }
+        val_nll, _, best = min(with_val, key=lambda t: (t[0], t[1]))
+        # the round chosen on the participants' validation loss only
+        summary["best_val"] = {"round": best.round, "val_nll": val_nll, **selection(best)}
     return summary
+
+
+def selection(row: RoundRecord) -> dict[str, Any]:
+    """An evaluated round's figures as the summary's ``last`` and ``best_val`` hold them."""
+    assert row.eval is not None
+    return {"round": row.round, "clients": plain(row.summary), "global": plain(row.eval.pooled), **unseen_part(row)}
 
 
 # the fields build_summary writes itself: a method's summary_extras may not replace them
@@ -132,20 +131,17 @@ def named_clients_markdown(rows: list[dict[str, Any]], total: int) -> list[str]:
     return lines
 
 
-def unseen_part(row: dict[str, Any]) -> dict[str, Any]:
+def unseen_part(row: RoundRecord) -> dict[str, Any]:
     """The clients that never trained at an evaluated round: their summary and the participation gap (the
     participants' mean of each headline metric minus theirs: positive when newcomers do worse on a metric where
     higher is better); empty without such clients. Each further budget (``unseen.also_adapt_epochs``) adds
     ``unseen_adaptN`` and ``participation_gap_adaptN``."""
     out: dict[str, Any] = {}
-    for name in [k.removeprefix("summary_") for k in row if k.startswith("summary_unseen")]:
-        unseen = row[f"summary_{name}"]
-        gap = {
-            key: row["summary"][key]["mean"] - unseen[key]["mean"]
-            for key in HEADLINE
-            if key in unseen and key in row["summary"]
-        }
-        out |= {name: unseen, "participation_gap" + name.removeprefix("unseen"): gap}
+    participants = row.summary or {}
+    for name, unseen in row.unseen_summaries().items():
+        shared = [key for key in HEADLINE if key in unseen and key in participants]
+        gap = {key: participants[key].mean - unseen[key].mean for key in shared}
+        out |= {name: plain(unseen), "participation_gap" + name.removeprefix("unseen"): gap}
     return out
 
 
@@ -153,18 +149,19 @@ def unseen_part(row: dict[str, Any]) -> dict[str, Any]:
 DIVERGED_FACTOR = 10.0
 
 
-def divergence(rows: list[dict[str, Any]], num_classes: int | None) -> str | None:
+def divergence(rows: Sequence[RoundRecord | dict[str, Any]], num_classes: int | None) -> str | None:
     """One line when the last round's mean training loss is not finite or more than
     [`DIVERGED_FACTOR`][fedmerge.run.summary.DIVERGED_FACTOR] times ``ln(num_classes)``, the loss of predicting every
     class equally (a run
     with too large a learning rate ends "done" at chance accuracy); None otherwise, and for models with
     their own task loss (``num_classes`` None)."""
-    if not rows or not num_classes or num_classes < 2 or "train_loss" not in rows[-1]:
+    rounds = round_records(rows)
+    if not rounds or not num_classes or num_classes < 2 or not rounds[-1].has("train_loss"):
         return None
-    loss, what = float(rows[-1]["train_loss"]), "the last round's training loss"
-    if math.isnan(loss) and not any(math.isfinite(float(r.get("train_loss", math.nan))) for r in rows):
+    loss, what = float(rounds[-1].train_loss), "the last round's training loss"  # type: ignore[arg-type]
+    if math.isnan(loss) and not any(r.train_loss is not None and math.isfinite(r.train_loss) for r in rounds):
         # no client ever reported a training loss (DP withholds it): judge by the evaluated validation loss
-        evaluated = [r["summary"]["val_nll"]["mean"] for r in rows if "val_nll" in r.get("summary", {})]
+        evaluated = [m for r in rounds if (m := r.mean("val_nll")) is not None]
         if not evaluated:
             return None
         loss, what = float(evaluated[-1]), "the last evaluation's mean validation loss"
@@ -195,19 +192,19 @@ def parameter_budget(params: dict[str, float], comm: dict[str, float]) -> dict[s
     }
 
 
-def local_gap_summary(rows: list[dict[str, Any]]) -> dict[str, float]:
+def local_gap_summary(rows: Sequence[RoundRecord | dict[str, Any]]) -> dict[str, float]:
     """Local-global gap (training loss on the received model minus after local training, mean over
     the round's clients): its mean over all rounds, over the second half, and at the last round."""
-    gaps = [(r["round"], r["local_gap"]) for r in rows if "local_gap" in r and math.isfinite(r["local_gap"]["gap"])]
+    gaps = [g for r in round_records(rows) if (g := r.local_gap) is not None and math.isfinite(g.gap)]
     if not gaps:
         return {}
     second = gaps[len(gaps) // 2 :]
     return {
-        "mean": sum(g["gap"] for _, g in gaps) / len(gaps),
-        "mean_second_half": sum(g["gap"] for _, g in second) / len(second),
-        "last": gaps[-1][1]["gap"],
-        "last_received": gaps[-1][1]["received"],
-        "last_trained": gaps[-1][1]["trained"],
+        "mean": sum(g.gap for g in gaps) / len(gaps),
+        "mean_second_half": sum(g.gap for g in second) / len(second),
+        "last": gaps[-1].gap,
+        "last_received": gaps[-1].received,
+        "last_trained": gaps[-1].trained,
     }
 
 
@@ -233,62 +230,59 @@ def privacy_lines(privacy: dict[str, Any] | None) -> list[str]:
     return lines
 
 
-def summary_markdown(summary: dict[str, Any]) -> str:
+def summary_markdown(summary: RunSummary | dict[str, Any]) -> str:
+    typed = as_summary(summary)
     lines = [
-        f"# {summary.get('name', 'run')}: {summary.get('algorithm')} on {summary.get('dataset')}",
+        f"# {typed.name if typed.has('name') else 'run'}: {typed.algorithm} on {typed.dataset}",
         "",
-        f"rounds completed: {summary.get('rounds_completed')}",
-        *(["", f"**warning: {summary['diverged']}**"] if summary.get("diverged") else []),
-        *privacy_lines(summary.get("privacy")),
+        f"rounds completed: {typed.rounds_completed}",
+        *(["", f"**warning: {typed.diverged}**"] if typed.diverged else []),
+        *privacy_lines(typed.privacy),
         "",
         "| selection | round | metric | mean | weighted mean | std | worst 10% |",
         "|---|---|---|---|---|---|---|",
     ]
     for label in ("last", "best_val"):
-        part = summary.get(label)
-        if not part:
-            continue
-        for key in HEADLINE:
-            s = part["clients"].get(key)
-            if s:
-                lines.append(
-                    f"| {label} | {part['round']} | {key} | {s['mean']:.4f} | {s['weighted_mean']:.4f} | "
-                    f"{s['std']:.4f} | {s['worst10']:.4f} |"
-                )
-        for key in HEADLINE:
-            s = part.get("unseen", {}).get(key)
-            if s:
-                lines.append(
-                    f"| {label} (clients that never trained) | {part['round']} | {key} | {s['mean']:.4f} | "
-                    f"{s['weighted_mean']:.4f} | {s['std']:.4f} | {s['worst10']:.4f} |"
-                )
-        gap = part.get("participation_gap", {}).get("test_acc")
-        if gap is not None:
-            lines.append(
-                f"| {label} (participation gap: seen - unseen) | {part['round']} | test_acc | {gap:.4f} | | | |"
-            )
-        glob = part.get("global")
-        if glob:
-            lines.append(
-                f"| {label} (global model, pooled test) | {part['round']} | test_acc | {glob['test_acc']:.4f} | | | |"
-            )
-    params = summary.get("parameters")
-    if params:
+        part = typed.selection(label)
+        if part is not None:
+            lines += selection_markdown(label, part)
+    if typed.parameters:
         lines += ["", "| parameters | count |", "|---|---|"]
-        lines += [f"| {k} | {v:,.0f} |" for k, v in params.items()]
-    budget = summary.get("parameter_budget")
-    if budget:
+        lines += [f"| {k} | {v:,.0f} |" for k, v in typed.parameters.items()]
+    if typed.parameter_budget is not None:
         lines += ["", "| parameter budget (float values) | count |", "|---|---|"]
-        lines += [f"| {k} | {v:,.0f} |" for k, v in budget.items()]
-    gap = summary.get("local_gap")
-    if gap:
+        lines += [f"| {k} | {v:,.0f} |" for k, v in typed.parameter_budget.to_dict().items()]
+    gap = typed.local_gap
+    if gap is not None:
         lines += [
             "",
-            f"local-global gap (train loss received - trained): mean {gap['mean']:.4f}, "
-            f"second half {gap['mean_second_half']:.4f}, last {gap['last']:.4f}",
+            f"local-global gap (train loss received - trained): mean {gap.mean:.4f}, "
+            f"second half {gap.mean_second_half:.4f}, last {gap.last:.4f}",
         ]
-    named = (summary.get("last") or {}).get("by_client")
+    named = typed.last.by_client if typed.last is not None else None
     if named is not None:
-        lines += named_clients_markdown(named, len(summary.get("client_names") or named))
-    lines += ALGORITHMS.hooks(summary.get("algorithm")).lines(summary)  # e.g. FedMerge's cluster recovery
+        lines += named_clients_markdown(named, len(typed.client_names or named))
+    # a method's lines (e.g. FedMerge's cluster recovery) read the summary's JSON object
+    lines += ALGORITHMS.hooks(typed.algorithm).lines(summary if isinstance(summary, dict) else typed.to_dict())
     return "\n".join(lines) + "\n"
+
+
+def selection_markdown(label: str, part: Selection) -> list[str]:
+    """summary.md's rows of one selection (``last``, ``best_val``)."""
+
+    def row(what: str, key: str, s: Stats) -> str:
+        return (
+            f"| {what} | {part.round} | {key} | {s.mean:.4f} | {s.weighted_mean:.4f} | {s.std:.4f} | {s.worst10:.4f} |"
+        )
+
+    clients, unseen = part.clients or {}, part.unseen or {}
+    lines = [row(label, key, clients[key]) for key in HEADLINE if key in clients]
+    lines += [row(f"{label} (clients that never trained)", key, unseen[key]) for key in HEADLINE if key in unseen]
+    gap = (part.participation_gap or {}).get("test_acc")
+    if gap is not None:
+        lines.append(f"| {label} (participation gap: seen - unseen) | {part.round} | test_acc | {gap:.4f} | | | |")
+    if part.pooled:
+        lines.append(
+            f"| {label} (global model, pooled test) | {part.round} | test_acc | {part.pooled['test_acc']:.4f} | | | |"
+        )
+    return lines

@@ -7,21 +7,23 @@ validation), the mean validation loss. A resumed run first drops the events past
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from fedmerge.config.schema import ExperimentConfig
 from fedmerge.run.results import TENSORBOARD_DIR
+from fedmerge.run.run_records import RoundRecord, Stats
 
 INSTALL_HINT = "log.tensorboard needs TensorBoard: pip install -e '.[tensorboard]'"
 FOLDER = TENSORBOARD_DIR
-# (summary key, statistic) -> tag
-SCALARS = {
-    ("test_acc", "mean"): "test/acc_mean",
-    ("test_acc", "worst10"): "test/acc_worst10",
-    ("val_acc", "mean"): "val/acc_mean",
-    ("val_acc", "worst10"): "val/acc_worst10",
-    ("val_nll", "mean"): "val/nll_mean",
+# tag -> (metric of the round's summary, its statistic across clients)
+SCALARS: dict[str, tuple[str, Callable[[Stats], float]]] = {
+    "test/acc_mean": ("test_acc", lambda s: s.mean),
+    "test/acc_worst10": ("test_acc", lambda s: s.worst10),
+    "val/acc_mean": ("val_acc", lambda s: s.mean),
+    "val/acc_worst10": ("val_acc", lambda s: s.worst10),
+    "val/nll_mean": ("val_nll", lambda s: s.mean),
 }
 
 
@@ -48,10 +50,10 @@ class ScalarLog:
     def __exit__(self, *exc: Any) -> None:
         self.writer.close()
 
-    def round(self, rnd: int, record: dict[str, Any]) -> None:
-        self.writer.add_scalar("train/loss", record["train_loss"], rnd)
-        summary = record.get("summary", {})
-        for (key, stat), tag in SCALARS.items():
+    def round(self, rnd: int, record: RoundRecord) -> None:
+        self.writer.add_scalar("train/loss", record.train_loss, rnd)
+        summary = record.summary or {}
+        for tag, (key, stat) in SCALARS.items():
             if key in summary:
-                self.writer.add_scalar(tag, summary[key][stat], rnd)
+                self.writer.add_scalar(tag, stat(summary[key]), rnd)
         self.writer.flush()

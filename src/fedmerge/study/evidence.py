@@ -18,6 +18,7 @@ from typing import Any
 
 from fedmerge.metrics.intervals import bootstrap_interval, paired_t_interval, verdict
 from fedmerge.metrics.noise import mean_accuracy_standard_error
+from fedmerge.run.run_records import as_summary
 from fedmerge.study.protocol import client_scores, score_on_test, summary_of
 from fedmerge.study.spec import Claim, Study, run_key
 
@@ -39,8 +40,9 @@ def noise_floor(study: Study, runs: Path, label: str, point: int) -> float | Non
         if summary is None:
             continue
         accuracy = min(max(score_on_test(study, summary), 0.0), 1.0)
-        pooled = (summary["best_val"].get("global") or {}).get("test_n")
-        if study.metric.scope == "global" and summary["best_val"].get("global") and pooled:
+        best = as_summary(summary).best_val
+        pooled = ((best.pooled if best is not None else None) or {}).get("test_n")
+        if study.metric.scope == "global" and pooled:
             errors.append(mean_accuracy_standard_error([int(pooled)], accuracy, "samples"))
             continue
         clients = client_scores(runs, key, study)

@@ -32,7 +32,7 @@ import json
 import shutil
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,7 +40,8 @@ from typing import Any
 from fedmerge.config.schema import ConfigError, load_config
 from fedmerge.run.prepare import load_data, resolve_device
 from fedmerge.run.provenance import source_commit
-from fedmerge.run.results import DONE
+from fedmerge.run.results import DONE, SUMMARY_FILE
+from fedmerge.run.run_records import RoundRecord, RunSummary, Stats, as_summary, read_summary
 from fedmerge.study.regime import TEST, central_reference, reference_split
 from fedmerge.study.spec import LATEST, Study, StudyFile, run_key, run_overrides, runs_dir
 from fedmerge.sweep.clusters import LaunchOptions, make_launcher
@@ -68,9 +69,9 @@ def finished(folder: Path | None) -> bool:
     return folder is not None and (folder / "summary.json").exists()
 
 
-def summary_of(runs: Path, key: str) -> dict[str, Any] | None:
+def summary_of(runs: Path, key: str) -> RunSummary | None:
     folder = finished_run(runs / key)
-    return json.loads((folder / "summary.json").read_text()) if folder is not None else None
+    return read_summary(folder / SUMMARY_FILE) if folder is not None else None
 
 
 def stale(folder: Path, study: Study, key: str, overrides: list[str]) -> str | None:
@@ -278,20 +279,23 @@ def reuse_runs(study: Study, runs: Path, other: Path) -> tuple[int, int]:
 # --- scores ------------------------------------------------------------------------------------
 
 
-def score_on_test(study: Study, summary: dict[str, Any], when: str = "best_val") -> float:
+def score_on_test(study: Study, summary: RunSummary | Mapping[str, Any], when: str = "best_val") -> float:
     """The table's metric on the test split; a method without a server model (Local) falls back to
     the mean over its clients when the metric is the server's."""
-    part = summary[when].get(study.metric.part)
-    if part is None and study.metric.adapt_epochs is not None and summary[when].get("unseen"):
+    selection = as_summary(summary).selection(when)
+    if selection is None:
+        raise ConfigError(f"the run's summary has no {when} round (no evaluation?)")
+    part = selection.part(study.metric.part)
+    if part is None and study.metric.adapt_epochs is not None and selection.unseen:
         raise ConfigError(
             f"metric.adapt_epochs {study.metric.adapt_epochs}: these runs onboarded no newcomer at that budget "
             "(unseen.also_adapt_epochs)"
         )
     if part is None and study.metric.scope == "unseen":
         raise ConfigError("metric.scope unseen: these runs have no clients that never trained (split.unseen_clients)")
-    part = part or summary[when]["clients"]
+    part = part or selection.clients
     value = part.get(f"test_{study.metric.name}", float("nan"))
-    return value["mean"] if isinstance(value, dict) else value
+    return value.mean if isinstance(value, Stats) else value
 
 
 def client_scores(runs: Path, key: str, study: Study, when: str = "best_val") -> dict[str, tuple[float, int]] | None:
@@ -302,14 +306,14 @@ def client_scores(runs: Path, key: str, study: Study, when: str = "best_val") ->
     folder = finished_run(runs / key)
     if folder is None or not (folder / "metrics.jsonl").exists():
         return None
-    summary = json.loads((folder / "summary.json").read_text())
-    at = summary.get(when, {}).get("round")
+    selection = read_summary(folder / SUMMARY_FILE).selection(when)
+    at = selection.round if selection is not None else None
     name = f"test_{study.metric.name}"
     for line in (folder / "metrics.jsonl").read_text().splitlines():
-        row = json.loads(line)
-        part = "eval_" + study.metric.part if study.metric.scope == "unseen" else "eval"
-        if row.get("round") == at and part in row:
-            clients = row[part].get("clients", {})
+        row = RoundRecord.from_json(line)
+        evaluation = row.evaluation("eval_" + study.metric.part if study.metric.scope == "unseen" else "eval")
+        if row.round == at and evaluation is not None:
+            clients = evaluation.clients or {}
             return {
                 cid: (float(m[name]), int(m.get("test_n", 0)))
                 for cid, m in clients.items()
@@ -318,19 +322,25 @@ def client_scores(runs: Path, key: str, study: Study, when: str = "best_val") ->
     return None
 
 
-def extra_score(summary: dict[str, Any], column: str) -> float:
-    return summary["best_val"]["clients"][column]["mean"]
+def extra_score(summary: RunSummary, column: str) -> float:
+    best = as_summary(summary).best_val
+    if best is None or column not in best.clients:
+        raise ConfigError(f"columns: {column} is not in the run's best_val figures")
+    return best.clients[column].mean
 
 
-def val_score(summary: dict[str, Any] | None, study: Study) -> float:
+def val_score(summary: RunSummary | Mapping[str, Any] | None, study: Study) -> float:
     """What tuning maximises; it always reads the clients' validation split (the test split is withheld):
     their mean validation metric at the best-validation round, or (``select: val_loss``) minus their
     mean validation loss there."""
     if not summary:
         return float("-inf")
+    best = as_summary(summary).best_val
+    if best is None:
+        raise ConfigError("the run's summary has no best_val round (no validation split?)")
     if study.select == "val_loss":
-        return -summary["best_val"]["val_nll"]
-    return summary["best_val"]["clients"][f"val_{study.metric.name}"]["mean"]
+        return -best.val_nll
+    return best.clients[f"val_{study.metric.name}"].mean
 
 
 # --- a whole study -----------------------------------------------------------------------------

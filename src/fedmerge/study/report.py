@@ -15,6 +15,8 @@ from typing import Any
 from fedmerge.config.schema import ConfigError
 from fedmerge.metrics.intervals import paired_t_interval
 from fedmerge.run.provenance import read_provenance
+from fedmerge.run.results import SUMMARY_FILE
+from fedmerge.run.run_records import ParameterBudget, RunSummary, as_summary, read_summary
 from fedmerge.study.claims import count_text, git_root, late_declarations, mark_late, paper_claims
 from fedmerge.study.evidence import BOOTSTRAP_RESAMPLES, MIN_BOOTSTRAP_CLIENTS, judge, noise_floor
 from fedmerge.study.protocol import Conducted, extra_score, score_on_test, summary_of, val_score
@@ -45,12 +47,13 @@ def pct(values: list[float]) -> str:
     return f"{statistics.mean(vals):.1f} ± {statistics.stdev(vals):.1f}"
 
 
-def ari_of(summary: dict[str, Any]) -> float | None:
-    """Adjusted Rand index of the method's client-to-model assignment vs. the true groups, if any."""
-    return (summary.get("cluster_recovery") or {}).get("ari")
+def ari_of(summary: RunSummary) -> float | None:
+    """Adjusted Rand index of the method's client-to-model assignment vs. the true groups, if any (the
+    ``cluster_recovery`` that the clustering methods' hooks add to the summary)."""
+    return (summary.extras.get("cluster_recovery") or {}).get("ari")
 
 
-def ari_text(rr: list[tuple[int, dict[str, Any], Path]]) -> str:
+def ari_text(rr: list[tuple[int, RunSummary, Path]]) -> str:
     values = [a for _, s, _ in rr if (a := ari_of(s)) is not None]
     if not values:
         return "-"
@@ -65,13 +68,13 @@ def commits_of(folders: list[Path]) -> set[str]:
     }
 
 
-def row_runs(study: Study, runs: Path, label: str, point: int) -> list[tuple[int, dict[str, Any], Path]]:
+def row_runs(study: Study, runs: Path, label: str, point: int) -> list[tuple[int, RunSummary, Path]]:
     """(seed, summary, run folder) of every finished seed of one row's grid point."""
     out = []
     for seed in study.seeds:
         folder = finished_run(runs / run_key(label, point, seed))
         if folder is not None:
-            out.append((seed, json.loads((folder / "summary.json").read_text()), folder))
+            out.append((seed, read_summary(folder / SUMMARY_FILE), folder))
     return out
 
 
@@ -140,7 +143,7 @@ def _regime_checks(done: Conducted) -> list[dict[str, Any]]:
         split = reference_split(ref[seed])
         reference, prior = reference_means(ref[seed], split)
         metric = f"{split}_{ref[seed].get('metric', 'acc')}"  # the reference's own metric (top-1 or ROUGE-1)
-        score = [x["best_val"]["clients"][metric]["mean"] for x in (loc, fed)]
+        score = [extra_score(x, metric) for x in (loc, fed)]
         check = regime_check(reference, *score)
         checks.append({"seed": seed, "ref": ref[seed], "prior": prior, **check, "split": split})
     return checks
@@ -306,9 +309,9 @@ def paper_comparison(done: Conducted) -> list[dict[str, Any]]:
     return out
 
 
-def not_private(rr: list[tuple[int, dict[str, Any], Path]]) -> bool:
+def not_private(rr: list[tuple[int, RunSummary | dict[str, Any], Path]]) -> bool:
     """Whether a row's runs used ``privacy.reproducible_noise`` (DP noise from the seed: not private)."""
-    return any((s.get("privacy") or {}).get("private") is False for _, s, _ in rr)
+    return any(as_summary(s).private is False for _, s, _ in rr)
 
 
 def _results_rows(done: Conducted) -> list[dict[str, Any]]:
@@ -319,7 +322,7 @@ def _results_rows(done: Conducted) -> list[dict[str, Any]]:
         if not rr:
             rows.append({"label": m.label, "runs": 0})
             continue
-        budget = rr[0][1].get("parameter_budget", {})
+        budget = rr[0][1].parameter_budget or ParameterBudget()
         commits = sorted(commits_of([f for _, _, f in rr]))
         rows.append(
             {
@@ -330,9 +333,9 @@ def _results_rows(done: Conducted) -> list[dict[str, Any]]:
                 "last": pct([score_on_test(study, s, "last") for _, s, _ in rr]),
                 "extra": [pct([extra_score(s, c) for _, s, _ in rr]) for c in study.columns],
                 "ari": ari_text(rr),
-                "server": budget.get("server_stored", 0),
-                "down": budget.get("down_per_client_round", 0),
-                "up": budget.get("up_per_client_round", 0),
+                "server": budget.server_stored or 0,
+                "down": budget.down_per_client_round or 0,
+                "up": budget.up_per_client_round or 0,
                 "commits": ", ".join(commits) + (" (mixed)" if len(commits) > 1 else ""),
                 "not_private": not_private(rr),
             }
@@ -357,7 +360,7 @@ def _tuning_rows(done: Conducted) -> list[dict[str, Any]]:
     return rows
 
 
-def tuning_score_text(summary: dict[str, Any] | None, study: Study) -> str:
+def tuning_score_text(summary: RunSummary | None, study: Study) -> str:
     """A tuning run's score as the tuning table shows it: validation metric in %, or the validation loss."""
     if not summary:
         return "failed"

@@ -28,6 +28,7 @@ import yaml
 from fedmerge.config.schema import ConfigError, first_config_difference, make_folder
 from fedmerge.core.checkpoint import atomic_write_bytes
 from fedmerge.run.results import CONFIG_FILE, DONE, FAILED, INCOMPLETE, METRICS_FILE, PENDING, SUMMARY_FILE, RunRecord
+from fedmerge.run.run_records import read_summary
 from fedmerge.sweep.clusters import LaunchOptions, make_launcher
 from fedmerge.sweep.launch import INTERRUPTED, Outcome, RunJob, config_difference, cores
 from fedmerge.sweep.spec import SweepPoint, SweepSpec, expand
@@ -187,7 +188,7 @@ def sweep_records(sweep_dir: str | Path) -> list[RunRecord]:
         run_dir = sweep_dir / RUNS_DIR / p["key"]
         summary, error, state = None, None, PENDING
         if (run_dir / SUMMARY_FILE).is_file():
-            summary, state = json.loads((run_dir / SUMMARY_FILE).read_text()), DONE
+            summary, state = read_summary(run_dir / SUMMARY_FILE), DONE
         elif status.get(p["key"], {}).get("status") == FAILED:
             state, error = FAILED, status[p["key"]].get("error")
         elif (run_dir / CONFIG_FILE).is_file():

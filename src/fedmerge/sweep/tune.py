@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,7 @@ from pydantic import BaseModel
 from fedmerge.config.schema import ConfigError, ExperimentConfig, load_config, make_folder, read_yaml
 from fedmerge.core.loop import RoundFailed
 from fedmerge.run.results import CHECKPOINT_DIR
+from fedmerge.run.run_records import RunSummary, as_summary
 from fedmerge.run.runner import run_experiment
 
 INSTALL_HINT = "fedmerge tune needs Optuna: pip install -e '.[tune]'"
@@ -134,12 +135,12 @@ def space_for(cfg: ExperimentConfig, user: dict[str, dict[str, Param | None]], c
     return final
 
 
-def objective_value(summary: dict[str, Any], metric: str) -> float:
+def objective_value(summary: RunSummary | Mapping[str, Any], metric: str) -> float:
     """The validation metric at the best-validation round: the only figure a trial reports."""
-    part = summary.get("best_val")
-    if not part or metric not in part["clients"]:
+    part = as_summary(summary).best_val
+    if part is None or metric not in (part.clients or {}):
         raise ConfigError("tuning needs a validation split: set split.val_fraction above 0")
-    return float(part["clients"][metric]["mean"])
+    return float(part.clients[metric].mean)
 
 
 @dataclass

@@ -24,6 +24,7 @@ from fedmerge.config.schema import load_config
 from fedmerge.report.plot_merge_weights import client_groups
 from fedmerge.report.plot_privacy import dotted_keys
 from fedmerge.run.results import RunStore
+from fedmerge.run.run_records import ParameterBudget, read_summary
 
 SKIP_KEYS = {"output_dir", "name"}
 
@@ -97,9 +98,9 @@ def mean_std(values: list[float], fmt: str = "{:.2f}") -> str:
 def collect(runs_dir: Path) -> list[dict[str, Any]]:
     out = []
     for run_dir in sorted(p for p in runs_dir.iterdir() if (p / "summary.json").exists()):
-        summary = json.loads((run_dir / "summary.json").read_text())
+        summary = read_summary(run_dir / "summary.json")
         cfg = load_config(run_dir / "config.yaml").model_dump(mode="json")
-        rec = summary.get("cluster_recovery")
+        rec = summary.extras.get("cluster_recovery")
         if rec is None and cfg["algorithm"]["name"] == "fedmerge":
             groups = client_groups(run_dir)
             rec = cluster_recovery(RunStore(run_dir).read_metrics(), groups) if groups else None
@@ -121,16 +122,16 @@ def setting_section(title: str, base_path: str, runs_dir: Path) -> list[str]:
     ]
     for label, runs in sorted(groups.items(), key=lambda kv: _order(kv[0])):
         s = [r["summary"] for r in runs]
-        best = [100 * x["best_val"]["clients"]["test_acc"]["mean"] for x in s if "best_val" in x]
-        last = [100 * x["last"]["clients"]["test_acc"]["mean"] for x in s if "last" in x]
-        gap = [x["local_gap"]["mean"] for x in s if "local_gap" in x]
+        best = [100 * x.best_val.clients["test_acc"].mean for x in s if x.best_val is not None]
+        last = [100 * x.last.clients["test_acc"].mean for x in s if x.last is not None]
+        gap = [x.local_gap.mean for x in s if x.local_gap is not None]
         ari = [r["ari"] for r in runs if r["ari"] is not None]
-        b = s[0].get("parameter_budget", {})
+        b = s[0].parameter_budget or ParameterBudget()
         lines.append(
             f"| {label} | {len(runs)} | {mean_std(best)} | {mean_std(last)} | {mean_std(gap, '{:.3f}')} | "
-            f"{mean_std(ari)} | {b.get('server_stored', 0):,.0f} | {b.get('down_per_client_round', 0):,.0f} / "
-            f"{b.get('up_per_client_round', 0):,.0f} | {b.get('client_stored', 0):,.0f} / "
-            f"{b.get('client_optimized', 0):,.0f} |"
+            f"{mean_std(ari)} | {b.server_stored or 0:,.0f} | {b.down_per_client_round or 0:,.0f} / "
+            f"{b.up_per_client_round or 0:,.0f} | {b.client_stored or 0:,.0f} / "
+            f"{b.client_optimized or 0:,.0f} |"
         )
     lines += ["", "Commands:", "", "```"]
     for run in collect(runs_dir):

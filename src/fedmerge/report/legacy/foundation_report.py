@@ -27,8 +27,8 @@ METHODS: dict[str, list[str]] = {
 
 
 def per_client(run_dir: Path) -> dict[str, float]:
-    rows = [r for r in RunStore(run_dir).read_metrics() if r.get("eval")]
-    return {cid: m["test_acc"] for cid, m in rows[-1]["eval"]["clients"].items()}
+    rows = [r.eval for r in RunStore(run_dir).read_rounds() if r.eval]
+    return {cid: m["test_acc"] for cid, m in rows[-1].clients.items()}
 
 
 def main(argv: list[str], root: Path | None = None) -> None:
@@ -51,10 +51,10 @@ def main(argv: list[str], root: Path | None = None) -> None:
             run_dir = out / f"{Path(config).stem}-{slug(method)}"
             summary = run_once(str(root / "configs" / config), [*overrides, *extra, f"name={slug(method)}"], run_dir)
             accs = per_client(run_dir)
-            s = summary["last"]["clients"]["test_acc"]
-            comm = summary["communication_per_client_per_round"]["up"]
+            s = summary.last.clients["test_acc"]
+            comm = summary.communication_per_client_per_round.up
             cells = " | ".join(f"{accs[c]:.3f}" for c in sorted(accs, key=int))
-            table.append(f"| {method} | {s['mean']:.3f} +- {s['std']:.3f} | {cells} | {comm:,.0f} |")
+            table.append(f"| {method} | {s.mean:.3f} +- {s.std:.3f} | {cells} | {comm:,.0f} |")
         heads = " | ".join(f"client {c}" for c in sorted(accs, key=int))
         doc += [f"## {task} (`configs/{config}`)", "", f"| method | mean | {heads} | sent up per round |",
                 "|---|---|" + "---|" * len(accs) + "---|", *table, ""]  # fmt: skip

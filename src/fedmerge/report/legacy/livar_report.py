@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from fedmerge.report.legacy.runs import run_once, slug
+from fedmerge.run.run_records import RunSummary
 
 BETAS = (1.0, 0.5, 0.2)
 ABLATION_BETA = 0.2
@@ -39,8 +40,8 @@ ABLATION: dict[str, list[str]] = {  # (alpha^l, sigma^(c))
 }
 
 
-def cell(summary: dict | None) -> str:
-    return "not run" if summary is None else f"{100 * summary['last']['global']['test_acc']:.2f}"
+def cell(summary: RunSummary | None) -> str:
+    return "not run" if summary is None else f"{100 * summary.last.pooled['test_acc']:.2f}"
 
 
 def write(

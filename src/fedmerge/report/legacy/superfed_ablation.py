@@ -22,6 +22,7 @@ from fedmerge.config.schema import load_config
 from fedmerge.core.checkpoint import load_checkpoint
 from fedmerge.core.params import flatten
 from fedmerge.report.legacy.runs import run_once, slug
+from fedmerge.run.run_records import RunSummary
 
 NUS = (0.0, 1.0, 2.0, 5.0)
 MUS = (0.0, 0.01, 0.1)
@@ -38,9 +39,9 @@ def mean_cosine(run_dir: Path) -> float:
     return float(torch.stack(cos).mean()) if cos else float("nan")
 
 
-def figures(summary: dict, run_dir: Path) -> str:
-    c = summary["last"]["clients"]
-    accs = " / ".join(f"{c[k]['mean']:.3f}" for k in ("test_acc", "lambda=0/test_acc", "lambda=1/test_acc"))
+def figures(summary: RunSummary, run_dir: Path) -> str:
+    c = summary.last.clients
+    accs = " / ".join(f"{c[k].mean:.3f}" for k in ("test_acc", "lambda=0/test_acc", "lambda=1/test_acc"))
     return f"{accs} / {mean_cosine(run_dir):.2f}"
 
 

@@ -55,10 +55,10 @@ def main(argv: list[str], root: Path | None = None) -> None:
         cfg_overrides = [*overrides, f"algorithm.name={method}", *keep, *extra, f"name={method}"]
         load_config(config, cfg_overrides)  # fail fast on a bad override
         summary = run_once(config, cfg_overrides, out_dir / method)
-        s = summary["last"]["clients"]
+        s = summary.last.clients
         lines.append(
-            f"| {method} | {s['test_acc']['mean']:.3f} +- {s['test_acc']['std']:.3f} | {s['test_top5']['mean']:.3f} "
-            f"| {s['test_ece']['mean']:.3f} | {s['test_mce']['mean']:.3f} | {summary.get('wall_seconds', 0):.0f} s |"
+            f"| {method} | {s['test_acc'].mean:.3f} +- {s['test_acc'].std:.3f} | {s['test_top5'].mean:.3f} "
+            f"| {s['test_ece'].mean:.3f} | {s['test_mce'].mean:.3f} | {summary.wall_seconds or 0:.0f} s |"
         )
         if method.startswith("superfed"):
             lambda_dirs[method] = out_dir / method
