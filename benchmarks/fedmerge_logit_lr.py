@@ -124,12 +124,52 @@ def markdown(records: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def rule(records: list[dict[str, Any]], margin: float = 0.5) -> str:
+    """The choice rule of docs/reproductions/fedmerge/logit_lr/HISTORY.md, on exploration runs: among the logit_lr
+    values whose warning is silent on every run, the highest mean validation accuracy (mean over seeds, then over
+    studies); values within ``margin`` points of it go to the smallest; the default changes to it only if it is no
+    more than ``margin`` points below 0.01's. Returns a markdown table and the pick."""
+    values: dict[float, dict[str, Any]] = {}
+    for r in records:
+        if not r["row"].startswith("FedMerge logit_lr="):
+            continue
+        v = values.setdefault(float(r["row"].split("=", 1)[1]), {"warns": 0, "runs": 0, "val": {}})
+        v["warns"] += bool(r["warns"])
+        v["runs"] += 1
+        v["val"].setdefault(r["study"], []).append(100 * r["val_acc"])
+    for v in values.values():
+        v["mean"] = sum(sum(x) / len(x) for x in v["val"].values()) / len(v["val"])
+    lines = [
+        "| logit_lr | runs | warning fires | val acc (%), mean over seeds then studies |",
+        "|---|---|---|---|",
+        *(f"| {lr:g} | {v['runs']} | {v['warns']} | {v['mean']:.2f} |" for lr, v in sorted(values.items())),
+        "",
+    ]
+    silent = {lr: v["mean"] for lr, v in values.items() if v["warns"] == 0}
+    if not silent:
+        return "\n".join([*lines, "No value silences the warning on every run: the default stays 0.01."])
+    best = max(silent.values())
+    pick = min(lr for lr, mean in silent.items() if mean >= best - margin)
+    if 0.01 in values and silent[pick] < values[0.01]["mean"] - margin:
+        return "\n".join(
+            [*lines, f"The rule's value {pick:g} is more than {margin} points below 0.01: the default stays."]
+        )
+    return "\n".join(
+        [
+            *lines,
+            f"Best silent value: {best:.2f}; the smallest within {margin} points of it: **{pick:g}** "
+            f"({silent[pick]:.2f}).",
+        ]
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("pairs", nargs="+", help="STUDY.yaml RUNS, repeated")
     ap.add_argument("--csv", type=Path, required=True)
     ap.add_argument("--into", type=Path, help="a markdown file with the block's marker lines")
     ap.add_argument("--block", default="merge-weights")
+    ap.add_argument("--rule", action="store_true", help="also apply the choice rule (exploration studies)")
     args = ap.parse_args(argv)
     if len(args.pairs) % 2:
         ap.error("give each study file with its runs folder")
@@ -141,7 +181,7 @@ def main(argv: list[str] | None = None) -> None:
         writer.writeheader()
         for r in records:
             writer.writerow({k: (f"{v:.6f}" if isinstance(v, float) else v) for k, v in r.items()})
-    text = markdown(records)
+    text = markdown(records) + ("\n" + rule(records) + "\n" if args.rule else "")
     if args.into:
         args.into.write_text(into_block(args.into.read_text(), args.block, text))
     print(text)
