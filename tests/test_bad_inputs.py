@@ -414,7 +414,7 @@ def test_a_sweep_run_is_the_plain_run_its_cores_given_as_workers_not_threads(tmp
 def test_fedmerge_warns_when_its_merge_weights_did_not_move(tmp_path):
     from fedmerge.core.types import ServerState
 
-    cfg = quick_config("algorithm.name=fedmerge")
+    cfg = quick_config("algorithm.name=fedmerge", "algorithm.logit_lr=0.01")  # the former default
     algorithm = __import__("fedmerge.algorithms", fromlist=["ALGORITHMS"]).ALGORITHMS.get("fedmerge")
     fedmerge = algorithm.obj(cfg.algorithm, lambda g: torch.nn.Linear(2, 2), 3, 0)
     # d = 5: a weight of 1.5 / 5 = 0.3 moved enough; e^a / (e^a + 4) = 0.3 at a = ln(12 / 7)
@@ -422,14 +422,16 @@ def test_fedmerge_warns_when_its_merge_weights_did_not_move(tmp_path):
     logits = torch.zeros(3, 5, dtype=torch.float64)
     assert fedmerge.run_warnings(ServerState({"logits": logits}), 30) == [
         "fedmerge's merge weights barely moved from the uniform 1/5 = 0.20 (all within 0.20-0.20 after 30 rounds): "
-        "raise algorithm.logit_lr (now 0.01; try 0.1, or tune it) or run more rounds"
+        "raise algorithm.logit_lr (now 0.01; try 0.03, or tune it) or run more rounds"
     ]
     logits[1, 2] = edge - 1e-6
     assert len(fedmerge.run_warnings(ServerState({"logits": logits}), 30)) == 1
     logits[1, 2] = edge + 1e-6
     assert fedmerge.run_warnings(ServerState({"logits": logits}), 30) == []
 
-    result = invoke("run", "algorithm.name=fedmerge", "rounds=2", f"output_dir={tmp_path}", *FAST[1:])
+    result = invoke(
+        "run", "algorithm.name=fedmerge", "algorithm.logit_lr=0.01", "rounds=2", f"output_dir={tmp_path}", *FAST[1:]
+    )
     assert [w.split(" (all within")[0] for w in warnings_of(result)] == [
         "warning: fedmerge's merge weights barely moved from the uniform 1/5 = 0.20"
     ]
@@ -437,7 +439,8 @@ def test_fedmerge_warns_when_its_merge_weights_did_not_move(tmp_path):
         "run", "algorithm.name=fedmerge", "algorithm.logit_lr=1", "rounds=2", f"output_dir={tmp_path}", *FAST[1:]
     )
     assert warnings_of(moved) == []
-    assert "try 0.1" in invoke("list", "algorithm", "fedmerge").output
+    listed = invoke("list", "algorithm", "fedmerge").output
+    assert "logit_lr  float, > 0, default 0.3\n" in listed and "preset=reference" in listed
 
 
 def test_every_key_of_every_component_and_section_has_a_description():

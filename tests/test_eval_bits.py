@@ -57,7 +57,9 @@ def machine() -> dict[str, str]:
 
 
 def metrics(method: str, workers: int, out: Path) -> list[dict[str, Any]]:
-    cfg = quick_config(*SETTING, f"algorithm.name={method}", f"workers={workers}")
+    # FedMerge at the logit_lr the file was made with (the default then): the file guards evaluation, not defaults
+    pinned = ["algorithm.logit_lr=0.01"] if method == "fedmerge" else []
+    cfg = quick_config(*SETTING, f"algorithm.name={method}", f"workers={workers}", *pinned)
     return strip_timing(RunStore(run(cfg, out).run_dir).read_metrics())
 
 

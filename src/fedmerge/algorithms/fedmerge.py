@@ -38,7 +38,10 @@ code's exact server step and ``preset=paper`` the paper's forms (the defaults); 
   reference's "grid search": increments of ``logit_increment`` until the largest logit change
   exceeds ``logit_lr`` (at most 10,000 increments), independent of the gradient's scale. The
   reference hard-codes the increment 0.01 and uses ``learning_rate_W`` only as the threshold; the
-  default increment equals the threshold. ``gradient`` is plain ``A -= logit_lr * dL/dA``.
+  default increment equals the threshold. ``gradient`` is plain ``A -= logit_lr * dL/dA``. The default
+  ``logit_lr`` (``DEFAULT_LOGIT_LR``) is larger than the paper's stated 0.01, which is for 200-500 rounds
+  and leaves the weights near uniform in this project's 20-50 (the evidence:
+  docs/reproductions/fedmerge/logit_lr/); ``preset=reference`` keeps the reference's 0.01 unless written.
 * ``theta_weights``: ``before`` (default, paper) steps Theta with the merge weights the clients
   trained under; ``after`` (reference) with the weights after this round's logit update.
 * ``merge_grad``: which entries enter ``<Theta_j - theta_i, g_i>``: ``all`` (default, Eq. 6) = every
@@ -55,9 +58,10 @@ code's exact server step and ``preset=paper`` the paper's forms (the defaults); 
   ``merging.inner_products``). Well-separated models keep the float32 products, bit for bit.
 * ``preset``: the server options of each preset are in ``PRESETS``; an option set explicitly that
   contradicts the preset is refused in one line. ``preset=reference`` also sets the client's training
-  as the reference code does (``PRESET_CLIENT``: SGD lr 0.01, which it hard-codes, 2 local epochs,
-  batch 32, no momentum or weight decay), but for these an explicit value wins (studies tune the
-  learning rate under the preset); the command line's built-in defaults (lr 0.2) are not explicit.
+  as the reference code does (``PRESET_UNLESS_WRITTEN``: SGD lr 0.01, which it hard-codes, 2 local
+  epochs, batch 32, no momentum or weight decay) and keeps its logit threshold ``logit_lr`` 0.01, but for
+  these an explicit value wins (studies tune the learning rate and logit_lr under the preset); built-in
+  defaults (the command line's lr 0.2, the default logit_lr) are not explicit.
 * ``merge_weights``: ``dynamic`` (default) learns A; ``fixed`` (Table 4 ablation) gives each client
   ``fixed_k`` of the d models drawn at random (seeded per client), uniform on those, frozen.
 * Initialisation: global model j comes from its own seeded generator; model 0 uses the same
@@ -96,6 +100,11 @@ from .assignments import ASSIGNMENT_HOOKS
 from .base import fine_tuned, train_received
 from .fedprox import proximal_term
 
+# The largest merge-logit change per round (fixed_magnitude): the default, and the reference code's
+# learning_rate_W, which preset=reference keeps (docs/reproductions/fedmerge/logit_lr/ has the evidence).
+DEFAULT_LOGIT_LR = 0.3
+REFERENCE_LOGIT_LR = 0.01
+
 
 class FedMergeConfig(AlgorithmConfig):
     name: Literal["fedmerge"] = "fedmerge"
@@ -112,10 +121,11 @@ class FedMergeConfig(AlgorithmConfig):
         "fixed_magnitude", description="fixed_magnitude: largest logit change logit_lr per round; gradient: SGD"
     )
     logit_lr: float = Field(
-        0.01,
+        DEFAULT_LOGIT_LR,
         gt=0,
-        description="merge-logit step (max change per round, or SGD lr); 0.01 barely moves the weights in 30 "
-        "rounds: try 0.1 or tune it",
+        description="merge-logit step (max change per round, or SGD lr); the default lets the weights move within "
+        "20-50 rounds (the paper's 0.01 is for 200-500 rounds: docs/reproductions/fedmerge/logit_lr); "
+        "preset=reference: 0.01 unless written",
     )
     merge_grad: Literal["all", "head", "from_key", "topk"] = Field(
         "all",
@@ -174,7 +184,7 @@ class FedMergeConfig(AlgorithmConfig):
                 raise ValueError(msg)
             out[key] = value
         written = keys_set_by_user(data, info.context)
-        for key, value in PRESET_CLIENT.get(preset, {}).items():
+        for key, value in PRESET_UNLESS_WRITTEN.get(preset, {}).items():
             if key not in written:  # a value the user wrote wins; a built-in default does not
                 out[key] = value
         return out
@@ -227,11 +237,20 @@ PRESETS: dict[str, dict[str, Any]] = {
 # (``from_key``), and run folders and study rows of that time must keep loading and resuming as they ran.
 FORMER_PRESET_VALUES = {("reference", "merge_grad", "head")}
 
-# What each preset sets on the client, unless the user wrote it (an explicit value wins: studies tune
-# the learning rate under the reference preset). The reference code hard-codes SGD with lr 0.01, no
-# momentum or weight decay (whatever --lr says), and defaults to 2 local epochs of batch 32.
-PRESET_CLIENT: dict[str, dict[str, Any]] = {
-    "reference": {"lr": 0.01, "local_epochs": 2, "batch_size": 32, "momentum": 0.0, "weight_decay": 0.0},
+# What each preset sets unless the user wrote it (an explicit value wins: studies tune the learning rate
+# and logit_lr under the reference preset). The reference code hard-codes SGD with lr 0.01, no momentum or
+# weight decay (whatever --lr says), defaults to 2 local epochs of batch 32, and stops its logit grid at
+# learning_rate_W = 0.01 (only its default is usable: the option is declared type=int). The paper preset
+# sets forms, not step sizes: it keeps the default logit_lr (the paper's 0.01 is for runs of 200-500 rounds).
+PRESET_UNLESS_WRITTEN: dict[str, dict[str, Any]] = {
+    "reference": {
+        "lr": 0.01,
+        "local_epochs": 2,
+        "batch_size": 32,
+        "momentum": 0.0,
+        "weight_decay": 0.0,
+        "logit_lr": REFERENCE_LOGIT_LR,
+    },
 }
 
 
@@ -365,7 +384,7 @@ class FedMerge(Algorithm):
         return [
             f"fedmerge's merge weights barely moved from the uniform 1/{d} = {1 / d:.2f} (all within "
             f"{float(w.min()):.2f}-{float(w.max()):.2f} after {rounds} rounds): raise algorithm.logit_lr (now "
-            f"{cfg.logit_lr:g}; try 0.1, or tune it) or run more rounds"
+            f"{cfg.logit_lr:g}; try {3 * cfg.logit_lr:g}, or tune it) or run more rounds"
         ]
 
     def server_report(self, state: ServerState, rnd: int) -> dict[str, Any]:
