@@ -212,7 +212,9 @@ def test_theta_weights_after_moves_theta_by_the_change_of_the_column_weights():
     }
     out = {}
     for weights in ("before", "after"):
-        algo.config = FedMergeConfig(num_models=4, merge_grad="head", logit_increment=0.01, theta_weights=weights)
+        algo.config = FedMergeConfig(
+            num_models=4, merge_grad="head", logit_lr=0.01, logit_increment=0.01, theta_weights=weights
+        )
         zero = torch.zeros(4, 0, dtype=torch.int64)
         state = ServerState({"theta": theta.clone(), "counters": zero, "logits": logits})
         out[weights] = algo.aggregate(state, 1, updates)
