@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from fedmerge.study import claims as claims_lib
+from fedmerge.study import reproductions_pages
 from fedmerge.study.claims import PaperClaim, count_text, familywise_text, mark_late, paper_claims
 from fedmerge.study.regime import FEDAVG_GAP, LOCAL_GAP
 from fedmerge.study.reproductions import PAPERS, Family, Study, load_families, revision_order, shared_words
@@ -384,13 +385,16 @@ def render_tables(families: list[Family]) -> str:
 
 
 def outputs(docs: Path, root: Path | None = None) -> dict[Path, str]:
-    """What the index writes: README.md and TABLES.md under ``docs``, by path. ``root``: the repository whose
-    ``studies/`` and git history date the claims (default: the current folder)."""
+    """What the index writes: every page rendered from a template (``fedmerge.study.reproductions_pages``:
+    ``verdicts.md`` from ``verdicts.md.j2``, ...), then README.md and TABLES.md under ``docs``, by path.
+    ``root``: the repository whose ``studies/`` and git history date the claims (default: the current folder)."""
     root = Path.cwd() if root is None else root
     families = load_families(docs)
-    verdicts = (docs / "verdicts.md").read_text()
+    rendered = reproductions_pages.pages(docs)
+    verdicts_path = docs / "verdicts.md"
+    verdicts = rendered[verdicts_path] if verdicts_path in rendered else verdicts_path.read_text()
     readme = render_readme(families, verdicts, lambda study: late_declarations(study, root))
-    return {docs / "README.md": readme, docs / "TABLES.md": render_tables(families)}
+    return {**rendered, docs / "README.md": readme, docs / "TABLES.md": render_tables(families)}
 
 
 def main(argv: list[str] | None = None, root: Path | None = None) -> int:
