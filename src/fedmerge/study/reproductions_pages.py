@@ -77,6 +77,9 @@ class Series:
             raise ValueError(f"seeds differ: {list(self.seeds)} against {list(other.seeds)}")
         return Series(self.seeds, tuple(a - b for a, b in zip(self.values, other.values, strict=True)))
 
+    def __neg__(self) -> Series:
+        return Series(self.seeds, tuple(-v for v in self.values))
+
     def only(self, seeds: Iterable[int]) -> Series:
         """The figures of some seeds only."""
         keep = list(seeds)
@@ -109,6 +112,16 @@ class Row:
     @property
     def test_acc(self) -> Series:
         return self._series("test_acc", 100.0)
+
+    @property
+    def ece(self) -> Series:
+        """Expected calibration error on test, ×100."""
+        return self._series("test_ece", 100.0)
+
+    @property
+    def mce(self) -> Series:
+        """Maximum calibration error on test, ×100."""
+        return self._series("test_mce", 100.0)
 
     @property
     def ari(self) -> Series:
@@ -145,6 +158,8 @@ class Regime:
         self.fedavg_gap = Series(seeds, tuple(c["fedavg_gap"] for c in checks))
         self.reference = Series(seeds, tuple(100.0 * c["reference"] for c in checks))
         self.kept = sum(bool(c["passes"]) for c in checks)
+        self.local_kept = sum(bool(c["local_starved"]) for c in checks)  # seeds where Local's bar is met
+        self.fedavg_kept = sum(bool(c["fedavg_hurt"]) for c in checks)  # seeds where FedAvg's bar is met
         self.total = len(checks)
         self.failing = [c["seed"] for c in checks if not c["passes"]]
 
@@ -172,6 +187,47 @@ class Study:
     def regime(self) -> Regime:
         return Regime(self.data["regime"])
 
+    def paper_claims(self, skip: Iterable[str] = ()) -> list[Any]:
+        """Its comparisons grouped per paper claim (``fedmerge.study.claims``), less the claims in ``skip``
+        (counted under another table)."""
+        from fedmerge.study.claims import paper_claims
+
+        return [c for c in paper_claims(self.data.get("claims") or []) if c.text not in set(skip)]
+
+    def paper_count(self, skip: Iterable[str] = ()) -> str:
+        """``N of M``: its paper claims reproduced (every comparison of a claim reproduced), of all."""
+        claims = self.paper_claims(skip)
+        return f"{sum(c.reproduced for c in claims)} of {len(claims)}"
+
+    def familywise_count(self, skip: Iterable[str] = ()) -> str:
+        """``N of M`` under Holm's step-down over all the study's comparisons (``claims.holm_reproduced``)."""
+        from fedmerge.study.claims import holm_reproduced
+
+        kept = holm_reproduced(self.data.get("claims") or [])
+        claims = self.paper_claims(skip)
+        held = sum(all((c["higher"], c["lower"]) in kept for c in claim.comparisons) for claim in claims)
+        return f"{held} of {len(claims)}"
+
+    @property
+    def budgets(self) -> list[int]:
+        """Every row's tuning budget (settings tried across the table's revisions)."""
+        return [r["budget_total"] for r in self.data["rows"].values() if r.get("budget_total") is not None]
+
+    def ranked(self, names: dict[str, str] | None = None, labels: Iterable[str] | None = None) -> str:
+        """``CCVR 68.1 ± 4.4, LIVAR 63.3 ± 1.3, ...``: rows (all, or ``labels``) by mean at the best-validation
+        round, highest first, each under the name ``names`` gives it (default: its label)."""
+        names = names or {}
+        rows = [(label, self.row(label).best_val) for label in (labels or self.data["rows"])]
+        rows.sort(key=lambda item: -item[1].mean)
+        return ", ".join(f"{names.get(label, label)} {pm(values)}" for label, values in rows)
+
+    @property
+    def comparisons(self) -> str:
+        """``8 reproduced, 2 level, 3 not reproduced``: its comparisons' verdicts, counted."""
+        from fedmerge.study.reproductions import Study as Published
+
+        return Published(self.path, self.data).claim_verdicts()
+
     @property
     def noise_floors(self) -> list[float]:
         """Every row's noise floor (``Row.noise_floor``), in points, where the study recorded one."""
@@ -180,6 +236,17 @@ class Study:
     @property
     def seeds(self) -> list[int]:
         return list(self.data.get("seeds") or [c["seed"] for c in self.data["regime"]])
+
+
+def paired_t(series: Series) -> Claim:
+    """The mean of per-seed differences and its 95% paired-t interval (Student's t, seeds - 1 degrees of
+    freedom), as a claim: what a reader computes from a report's per-seed differences."""
+    from scipy import stats
+
+    n = len(series)
+    half = stats.t.ppf(0.975, n - 1) * series.std / n**0.5
+    data = {"difference": series.mean, "low": series.mean - half, "high": series.mean + half, "verdict": ""}
+    return Claim(data | {"per_seed": list(series.values), "seeds": list(series.seeds), "method": "paired t"})
 
 
 def signed1(value: float) -> str:
@@ -220,6 +287,28 @@ def each1(series: Series) -> str:
     return each(series, f1)
 
 
+def each_and(series: Series) -> str:
+    """Each seed's figure, signed, the last after "and": ``+1.0, -2.0 and +3.0``."""
+    *head, last = [signed1(v) for v in series]
+    return f"{', '.join(head)} and {last}" if head else last
+
+
+def each1_and(series: Series) -> str:
+    """Each seed's figure, the last after "and": ``19.5, 27.6 and 19.7``."""
+    *head, last = [f1(v) for v in series]
+    return f"{', '.join(head)} and {last}" if head else last
+
+
+def each2(series: Series) -> str:
+    """Each seed's figure with two decimals (ARI): ``0.70, 0.91, 0.75``."""
+    return each(series, f2)
+
+
+def neg(series: Series) -> Series:
+    """The figures negated: a difference read the other way round (``below by``)."""
+    return -series
+
+
 def _spread(values: Iterable[float], fmt: str) -> str:
     """``low-high`` over some figures, or the one figure where both read the same."""
     vals = list(values)
@@ -237,6 +326,17 @@ def spread1(values: Iterable[float]) -> str:
 def spread0(values: Iterable[float]) -> str:
     """``low-high`` rounded to whole points: ``58-74``."""
     return _spread(values, ".0f")
+
+
+def spread2(values: Iterable[float]) -> str:
+    """``low-high`` with two decimals: ``0.57-0.70``."""
+    return _spread(values, ".2f")
+
+
+def spread_signed(values: Iterable[float]) -> str:
+    """``+low to +high`` over some differences: ``+7.0 to +8.6``."""
+    vals = list(values)
+    return f"{min(vals):+.1f} to {max(vals):+.1f}"
 
 
 def spread_g(values: Iterable[float]) -> str:
@@ -258,10 +358,17 @@ FILTERS: dict[str, Callable[..., str]] = {
     "interval": interval,
     "each": each,
     "each1": each1,
+    "each2": each2,
+    "each_and": each_and,
+    "each1_and": each1_and,
+    "neg": neg,
+    "spread2": spread2,
+    "spread_signed": spread_signed,
     "spread1": spread1,
     "spread0": spread0,
     "spread_g": spread_g,
     "g": g,
+    "paired_t": paired_t,
 }
 
 
@@ -287,11 +394,16 @@ def environment(folder: Path) -> Any:
         autoescape=False,  # Markdown, not HTML
     )
     env.filters.update(FILTERS)
+    env.filters["claims_of"] = lambda path: study(path).data.get("claims") or []
+    env.filters["claim_difference"] = lambda lower, path, higher: study(path).claim(higher, lower).difference
     env.globals.update(
         study=study,
         row=lambda path, label: study(path).row(label),
         claim=lambda path, higher, lower: study(path).claim(higher, lower),
         regime=lambda path: study(path).regime,
+        diff=lambda path, higher, lower, field="best_val": (  # per-seed differences of two rows, in points
+            getattr(study(path).row(higher), field) - getattr(study(path).row(lower), field)
+        ),
         chosen=lambda path, label, key: study(path).row(label).chosen[key],
         means=lambda paths, labels, field="best_val": [
             getattr(study(p).row(label), field).mean for p in paths for label in labels
