@@ -167,3 +167,32 @@ def test_the_index_check_fails_on_a_page_edited_by_hand(tmp_path, capsys):
     assert stale == [f"{reading} is out of date: run python scripts/reproductions_index.py"]
     assert reproductions_index.main(["--docs", str(docs)], root=ROOT) == 0
     assert "| FedMerge d=5 | 78.9 ± 2.2 |" in reading.read_text()
+
+
+def test_the_paired_t_over_some_seeds_is_the_hand_computed_one():
+    """A paired t over four per-seed differences (as the domain confirmation's 4 regime-kept seeds), by hand."""
+    per_seed = Series((101, 102, 103, 104), (-3.0, -0.5, -2.0, -0.1))
+    t = reproductions_pages.paired_t(per_seed)
+    # mean -1.4; sample std sqrt((1.6^2 + 0.9^2 + 0.6^2 + 1.3^2) / 3) = sqrt(5.42 / 3) = 1.34413; t(0.975, 3) = 3.18245
+    half = 3.18245 * 1.34413 / 2
+    assert t.difference == pytest.approx(-1.4)
+    assert (t.low, t.high) == (pytest.approx(-1.4 - half, abs=1e-4), pytest.approx(-1.4 + half, abs=1e-4))
+
+
+def test_a_verdict_changed_in_a_json_changes_the_table_and_the_counts(tmp_path):
+    docs = copy_docs(tmp_path)
+    path = docs / "fedmerge" / "wordnet_cluster6_1000" / "fedmerge_wordnet_cluster6_1000_wide_confirm.json"
+    data = json.loads(path.read_text())
+    ifca = next(c for c in data["claims"] if (c["higher"], c["lower"]) == ("FedMerge d=5", "IFCA k=5"))
+    ifca |= {"difference": 2.04, "low": 0.51, "verdict": "reproduced"}  # now above IFCA: "beats all" holds
+    path.write_text(json.dumps(data))
+    page = render(docs / "verdicts.md.j2")
+    row = "FedMerge beats all baselines (clustered ones too): FedMerge d=5 above IFCA k=5 | +2.0 | [+0.5, +4.7] |"
+    assert f"| Table 2: {row} **reproduced** |" in page
+    glance = "| evidence, confirmed on fresh seeds: 3 of 5 paper claims reproduced (above) |"
+    assert glance in page  # the cluster row of the at-a-glance table: 2 of 5 before
+    assert "(comparisons: 8 reproduced, 1 level, 4 not reproduced; below)" in page
+    assert "level with IFCA (+2.0, [+0.5, +4.7])" in page  # the prose's figures follow, its words do not
+    (docs / "verdicts.md").write_text(page)
+    readme = reproductions_index.outputs(docs, ROOT)[docs / "README.md"]
+    assert "3 of 5 paper claims reproduced" in readme
