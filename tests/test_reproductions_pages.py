@@ -17,12 +17,21 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs" / "reproductions"
 TEMPLATES = reproductions_pages.templates(DOCS)
 
-# Decimal figures a template may write as text, each with why it is not a result read from a JSON.
+# Phrases holding a decimal a template may write as text, each with why it is not a result read from a JSON.
+ADAPT_LR = "`unseen.adapt_lr` of the adapt2_lr revision: a setting of its study file, which the JSON does not record"
+PAPER = "the paper's own figure, quoted: no study of ours holds it"
 ALLOWED = {
-    "verdicts.md.j2": {},
     "unseen/READING.md.j2": {
-        "0.05": "`unseen.adapt_lr` of the adapt2_lr revision: a setting of its study file, which the JSON does not "
-        "record",
+        "2 epochs at 0.05": ADAPT_LR,
+        "reruns the budget at 0.05": ADAPT_LR,
+        "**With 2 epochs at 0.05**": ADAPT_LR,
+        "`adapt2_lr`; 0.05 is the rate": ADAPT_LR,
+    },
+    "verdicts.md.j2": {
+        "FedAvg 51.3 top-5": PAPER,
+        "58.2-59.4 on CIFAR-100": PAPER,
+        "by 1.5 points over SCAFFOLD": PAPER,
+        "0.10, while its MCE (0.69) is above FedAvg's (0.67)": PAPER,
     },
 }
 # A decimal number that is not part of a row's name (``alpha=0.5``), a version or a path.
@@ -44,12 +53,14 @@ APPROXIMATE = re.compile(r"\babout (?:[\d.]+-)?$")
 def bare_figures(template: str, allowed: dict[str, str]) -> list[str]:
     """Decimal numbers in a template's text outside a reference (``{{ ... }}``), a block tag, a comment or a
     link target, less settings, approximations and the allowed ones."""
+    for phrase in allowed:
+        template = template.replace(phrase, " ")
     text = LINK_TARGET.sub("]()", JINJA.sub(" ", template))
     found = []
     for match in DECIMAL.finditer(text):
         before = text[max(0, match.start() - 40) : match.start()]
         grid = before.rfind("{") > before.rfind("}")
-        if grid or SETTING.search(before) or APPROXIMATE.search(before) or match.group().lstrip("+-") in allowed:
+        if grid or SETTING.search(before) or APPROXIMATE.search(before):
             continue
         found.append(match.group())
     return found
@@ -69,7 +80,7 @@ def test_the_committed_page_is_what_its_template_renders(template):
 # where a figure's source is certain; these many figures there are still written by hand. Lower it as they
 # become references; it may never grow.
 HISTORY = re.compile(r"\{# HISTORY:")
-HAND_WRITTEN_IN_HISTORY = {"verdicts.md.j2": 496}
+HAND_WRITTEN_IN_HISTORY = {"verdicts.md.j2": 457}
 
 
 @pytest.mark.parametrize("template", TEMPLATES, ids=lambda t: t.relative_to(DOCS).as_posix())
@@ -87,7 +98,7 @@ def test_the_bare_figure_check_finds_a_figure_and_passes_references_names_and_li
         "{% set x = 2.5 %} at lr 0.05 -> 0.1, {0.2, 0.4}, version 3.1.6, seeds 100-104, about 4.5 points, 0.05"
     )
     assert bare_figures(text, {}) == ["0.05"]
-    assert bare_figures(text, {"0.05": "a setting"}) == []
+    assert bare_figures(text, {"points, 0.05": "a setting"}) == []
     assert bare_figures("FedAvg 70.2 against -1.4 and [+3.0, +10.0]", {}) == ["70.2", "-1.4", "+3.0", "+10.0"]
 
 
