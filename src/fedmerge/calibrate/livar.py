@@ -83,7 +83,7 @@ def collect_samples(cfg: ExperimentConfig, repeats: int, log: Callable[[str], No
     layers = lora_layers(list(model.state_dict()))
     if not layers:
         raise ConfigError("livar calibrate needs a LoRA model (e.g. model.name=minilm_lora)")
-    train = LocalTraining(**{k: getattr(cfg.algorithm, k) for k in LocalTraining.model_fields})
+    train = LocalTraining(**cfg.algorithm.model_dump(include=set(LocalTraining.model_fields)))
     joint = JointData(
         torch.cat([c.x_train for c in data.clients]),
         torch.cat([c.y_train for c in data.clients]),

@@ -9,6 +9,7 @@ from typing import Any
 import yaml
 
 from fedmerge.config.experiment_config import ExperimentConfig
+from fedmerge.data.pool import DatasetConfig
 
 # Keys that do not change what a finished run means: a sweep or study run again with other --jobs
 # (threads, workers), elsewhere or under another name reuses the run.
@@ -34,34 +35,42 @@ def first_config_difference(old: dict[str, Any], new: dict[str, Any], prefix: st
 def defaults_left_out(cfg: ExperimentConfig) -> dict[str, Any]:
     """Keys added after run folders existed, left out of config.yaml (and the digest) at their default, as
     a pydantic ``exclude`` mapping (nested keys under their section)."""
-    left_out: dict[str, Any] = {"eval_clients": True} if getattr(cfg, "eval_clients", "all") == "all" else {}
-    left_out |= {"plugins": True} if not getattr(cfg, "plugins", ()) else {}
-    left_out |= {"vectorize": True} if not getattr(cfg, "vectorize", False) else {}
-    privacy = getattr(cfg, "privacy", None)
-    left_out |= {"privacy": True} if privacy is None else {}
-    if privacy is not None and privacy.secure_aggregation is None:  # DP run folders from before it stay unchanged
+    left_out: dict[str, Any] = {}
+    if cfg.eval_clients == "all":
+        left_out["eval_clients"] = True
+    if not cfg.plugins:
+        left_out["plugins"] = True
+    if not cfg.vectorize:
+        left_out["vectorize"] = True
+    if cfg.privacy is None:
+        left_out["privacy"] = True
+    elif cfg.privacy.secure_aggregation is None:  # DP run folders from before it stay unchanged
         left_out["privacy"] = {"secure_aggregation": True}
-    left_out |= {"unseen": True} if getattr(cfg, "unseen", None) is None else {}
-    left_out |= {"keep_freed_memory": True} if getattr(cfg, "keep_freed_memory", True) else {}
-    for section, key, default in NESTED_ADDED_KEYS:
-        if left_out.get(section) is True:  # the whole section is left out
-            continue
-        if getattr(getattr(cfg, section, None), key, default) == default:
-            left_out.setdefault(section, {})[key] = True
+    if cfg.unseen is None:
+        left_out["unseen"] = True
+    if cfg.keep_freed_memory:
+        left_out["keep_freed_memory"] = True
+    # options of a section added after run folders existed, left out at their default
+    dataset = cfg.dataset  # a plugin's dataset config that is no DatasetConfig has no subsample_seed
+    nested = {
+        "dataset": {"subsample_seed": not isinstance(dataset, DatasetConfig) or dataset.subsample_seed == 0},
+        "split": {
+            "test_per_client": cfg.split.test_per_client is None,
+            "test_from": cfg.split.test_from == "clients",
+            "unseen_clients": cfg.split.unseen_clients == 0,
+        },
+        "unseen": {}
+        if cfg.unseen is None  # the whole section is left out
+        else {"also_adapt_epochs": cfg.unseen.also_adapt_epochs == (), "adapt_lr": cfg.unseen.adapt_lr is None},
+    }
+    for section, keys in nested.items():
+        for key, at_default in keys.items():
+            if at_default:
+                left_out.setdefault(section, {})[key] = True
     return left_out
 
 
-# (section, key, default): options of a section added after run folders existed
-NESTED_ADDED_KEYS = (
-    ("dataset", "subsample_seed", 0),
-    ("split", "test_per_client", None),
-    ("split", "test_from", "clients"),
-    ("split", "unseen_clients", 0),
-    ("unseen", "also_adapt_epochs", ()),
-    ("unseen", "adapt_lr", None),
-)
-
-
 def to_yaml(cfg: ExperimentConfig) -> str:
-    exclude = {k: True for k in ("flower", "log", "state") if getattr(cfg, k, None) is None} | defaults_left_out(cfg)
+    unset = {"flower": cfg.flower is None, "log": cfg.log is None, "state": cfg.state is None}
+    exclude = {k: True for k, none in unset.items() if none} | defaults_left_out(cfg)
     return yaml.safe_dump(cfg.model_dump(mode="json", exclude=exclude or None), sort_keys=False)

@@ -16,12 +16,12 @@ from typing import Any
 from pydantic import BaseModel, ValidationError, create_model
 
 from fedmerge.algorithms import ALGORITHMS
+from fedmerge.algorithms.ifca import IFCAConfig
 from fedmerge.config.errors import CONFIG_FILE as CONFIG_FILE
 from fedmerge.config.errors import ConfigError as ConfigError
 from fedmerge.config.experiment_config import MODULE_NAME, RUN_NAME
 from fedmerge.config.experiment_config import ExperimentConfig as ExperimentConfig
 from fedmerge.config.experiment_config import RunSettings as RunSettings
-from fedmerge.config.saved_config import NESTED_ADDED_KEYS as NESTED_ADDED_KEYS
 from fedmerge.config.saved_config import RUN_LOCAL_KEYS as RUN_LOCAL_KEYS
 from fedmerge.config.saved_config import defaults_left_out as defaults_left_out
 from fedmerge.config.saved_config import first_config_difference as first_config_difference
@@ -38,10 +38,10 @@ from fedmerge.config.sources import infer_dataset_name as infer_dataset_name
 from fedmerge.config.sources import merge as merge
 from fedmerge.config.sources import parse_override as parse_override
 from fedmerge.config.sources import read_yaml as read_yaml
-from fedmerge.core.algorithm import BUILTIN_DEFAULTS
+from fedmerge.core.algorithm import BUILTIN_DEFAULTS, AlgorithmConfig
 from fedmerge.core.plugins import PluginError, import_plugins, load_installed
 from fedmerge.core.registry import registry_version
-from fedmerge.data import DATASETS, PARTITIONERS, NoiseConfig, SplitConfig
+from fedmerge.data import DATASETS, PARTITIONERS, NoiseConfig, PartitionConfig, SplitConfig
 from fedmerge.data.pool import DatasetConfig
 from fedmerge.models import MODELS
 
@@ -158,12 +158,6 @@ def validate(data: dict[str, Any], builtin_algorithm: frozenset[str] = frozenset
     return cfg
 
 
-# (algorithm, key, what): models of which each client trains only one, so that models beyond the number of
-# training clients are never trained. (FedMerge's global models and FedEM's components are all trained by
-# every client: the paper's own tables run FedMerge d=5 and FedEM M=5 on 4 clients.)
-ONE_MODEL_PER_CLIENT = (("ifca", "num_clusters", "cluster models"),)
-
-
 def impossible_setting(cfg: ExperimentConfig) -> str | None:
     """A valid-looking setting that cannot work: more IFCA clusters than training clients (each client
     picks one cluster, so the extra ones would never be trained); the publisher's test set asked of a dataset
@@ -178,22 +172,23 @@ def impossible_setting(cfg: ExperimentConfig) -> str | None:
             "use split.test_from: clients"
         )
 
-    num_clients = getattr(cfg.partition, "num_clients", None)
-    if not isinstance(num_clients, int):
+    # IFCA's clients each train one cluster model, so models beyond the training clients are never trained.
+    # (FedMerge's global models and FedEM's components are all trained by every client: the paper's own tables
+    # run FedMerge d=5 and FedEM M=5 on 4 clients.) `natural` counts its clients from the data: not checked here.
+    if not isinstance(cfg.algorithm, IFCAConfig) or not isinstance(cfg.partition, PartitionConfig):
         return None
+    num_clients, clusters = cfg.partition.num_clients, cfg.algorithm.num_clusters
     try:
         training = num_clients - unseen_count(num_clients, cfg.split.unseen_clients)
     except ValueError:  # too many unseen clients: reported where the data is built
         training = num_clients
-    for name, key, what in ONE_MODEL_PER_CLIENT:
-        value = getattr(cfg.algorithm, key, None)
-        if cfg.algorithm.name == name and isinstance(value, int) and value > training:
-            counted = "partition.num_clients" + ("" if training == num_clients else " less split.unseen_clients")
-            return (
-                f"algorithm.{key}={value} asks for more {what} than the {training} clients that train ({counted}); "
-                f"lower algorithm.{key} to at most {training}"
-            )
-    return None
+    if clusters <= training:
+        return None
+    counted = "partition.num_clients" + ("" if training == num_clients else " less split.unseen_clients")
+    return (
+        f"algorithm.num_clusters={clusters} asks for more cluster models than the {training} clients that train "
+        f"({counted}); lower algorithm.num_clusters to at most {training}"
+    )
 
 
 def dataset_label(section: Any) -> str:
@@ -285,5 +280,5 @@ def _deep_copy(data: Any) -> Any:
 
 def config_warnings(cfg: ExperimentConfig) -> list[str]:
     """Valid but most likely unintended settings (one line each): each method says its own."""
-    hook = getattr(cfg.algorithm, "warnings", None)  # a plugin's config may not derive from AlgorithmConfig
-    return list(hook(cfg.rounds)) if callable(hook) else []
+    # the registry takes any ComponentConfig: a plugin's method config may not derive from AlgorithmConfig
+    return list(cfg.algorithm.warnings(cfg.rounds)) if isinstance(cfg.algorithm, AlgorithmConfig) else []
