@@ -24,8 +24,7 @@ from plain_loop import plain_loop
 
 from fedmerge.config.schema import load_config
 from fedmerge.core.seeding import torch_generator
-from fedmerge.models import build_model
-from fedmerge.run.prepare import load_data
+from fedmerge.run.data_plan import plan_data
 from fedmerge.run.results import RunStore
 from fedmerge.run.runner import run_experiment
 
@@ -45,8 +44,8 @@ def plain_seconds(config: str | None, overrides: list[str], rounds: int) -> tupl
     """Median seconds of the plain loop over the round's clients' samples, and a description."""
     cfg = load_config(config, overrides)
     torch.set_num_threads(cfg.threads or torch.get_num_threads())
-    data = load_data(cfg)
-    model = build_model(cfg.model, data.input_shape, data.num_classes, generator=torch_generator(cfg.seed))
+    planned = plan_data(cfg, device=torch.device("cpu"))
+    data, model = planned.data, planned.build_model(torch_generator(cfg.seed))
     algo = cfg.algorithm
     if cfg.participation < 1 or getattr(algo, "local_steps", None):
         raise SystemExit("the plain-loop comparison needs participation=1 and epoch-based local training")

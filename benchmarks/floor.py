@@ -57,8 +57,7 @@ from fedmerge.core.seeding import torch_generator
 from fedmerge.engines.device import resolve_device
 from fedmerge.engines.local import LocalEngine
 from fedmerge.engines.workers import resolve_workers, set_threads
-from fedmerge.models import build_model
-from fedmerge.run.prepare import load_data
+from fedmerge.run.data_plan import plan_data
 from fedmerge.run.results import RunStore
 from fedmerge.run.runner import run_experiment
 
@@ -335,13 +334,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     cfg = load_config(None, [*base, *METHODS["fedavg"].overrides])
     device = resolve_device(cfg.device)
     set_threads(cfg.threads)  # before any torch work: forked processes must not inherit a thread pool in use
-    data = load_data(cfg)
+    planned = plan_data(cfg, device=torch.device("cpu"))  # on the CPU: each measurement moves what it times
+    data = planned.data
     clients = data.clients
     resolved = resolve_workers(cfg.workers, cfg.threads, device, len(clients), cfg.engine, cfg.vectorize)
     processes = resolved.count
 
     def build() -> torch.nn.Module:
-        return build_model(cfg.model, data.input_shape, data.num_classes, generator=torch_generator(cfg.seed))
+        return planned.build_model(torch_generator(cfg.seed))
 
     params = sum(p.numel() for p in build().state_dict().values())
     x = torch.cat([c.x_train for c in clients])

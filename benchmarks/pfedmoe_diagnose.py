@@ -31,8 +31,7 @@ from fedmerge.algorithms.pfedmoe import PFedMoE
 from fedmerge.config.schema import load_config
 from fedmerge.core.algorithm import ClientContext
 from fedmerge.core.types import ClientState, Payload
-from fedmerge.models import build_model
-from fedmerge.run.prepare import load_data
+from fedmerge.run.data_plan import plan_data
 
 DEFAULT = "configs/repro/fedmerge_wordnet_cluster6.yaml"
 REPORT = (1, 2, 3, 5, 10, 20, 30, 40, 50)
@@ -72,10 +71,8 @@ def main(argv: list[str]) -> None:
     path = args.pop(0) if args and "=" not in args[0] else DEFAULT
     cfg = load_config(path, [*args, "algorithm.name=pfedmoe"])
     torch.set_num_threads(cfg.threads)
-    data = load_data(cfg)
-
-    def factory(gen: torch.Generator) -> torch.nn.Module:
-        return build_model(cfg.model, data.input_shape, data.num_classes, generator=gen)
+    planned = plan_data(cfg, device=torch.device("cpu"))
+    data, factory = planned.data, planned.build_model
 
     alg = ALGORITHMS.get("pfedmoe").obj(cfg.algorithm, factory, len(data.clients), cfg.seed)
     model, device = factory(torch.Generator().manual_seed(0)), torch.device("cpu")

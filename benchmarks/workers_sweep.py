@@ -46,8 +46,7 @@ from fedmerge.core.seeding import torch_generator
 from fedmerge.core.training import predict_logits
 from fedmerge.engines.local import LocalEngine
 from fedmerge.engines.workers import available_cores
-from fedmerge.models import build_model
-from fedmerge.run.prepare import load_data
+from fedmerge.run.data_plan import plan_data
 from fedmerge.run.results import RunStore
 from fedmerge.run.runner import run_experiment
 
@@ -136,8 +135,8 @@ def eval_pass_seconds(overrides: list[str], repeats: int = 3) -> float:
     """One forward pass over every client's validation and test rows, in one process (the floor's part)."""
     cfg = load_config(None, overrides)
     torch.set_num_threads(cfg.threads or torch.get_num_threads())
-    data = load_data(cfg)
-    model = build_model(cfg.model, data.input_shape, data.num_classes, generator=torch_generator(cfg.seed))
+    planned = plan_data(cfg, device=torch.device("cpu"))
+    data, model = planned.data, planned.build_model(torch_generator(cfg.seed))
     x = torch.cat([t for c in data.clients for t in (c.x_val, c.x_test)])
     times = []
     for _ in range(repeats):

@@ -340,14 +340,14 @@ def test_a_damaged_latest_json_or_checkpoint_exits_2(stopped_run):
 
 
 def test_ctrl_c_names_the_run_folder_or_says_none_was_made(tmp_path, monkeypatch):
-    import fedmerge.run.plan as plan
+    import fedmerge.run.data_plan as data_plan
     from fedmerge.engines.local import LocalEngine
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
     with monkeypatch.context() as m:
-        m.setattr(plan, "load_data", interrupted)
+        m.setattr(data_plan, "load_data", interrupted)
         result = invoke("run", f"output_dir={tmp_path}", *FAST)
     assert one_error(result, 130) == "interrupted before the run folder was made; nothing to resume"
     assert not tmp_path.exists() or list(tmp_path.iterdir()) == []

@@ -97,12 +97,12 @@ def run_store(state_dir: Path) -> Path:
 
 def forbid_server_data(monkeypatch) -> None:
     """From now on, loading a dataset in this process (the server) fails the test."""
-    import fedmerge.run.plan as plan
+    import fedmerge.run.data_plan as data_plan
 
     def refuse(*_a, **_k):
         raise AssertionError("the deployed server loaded a dataset")
 
-    monkeypatch.setattr(plan, "load_data", refuse)
+    monkeypatch.setattr(data_plan, "load_data", refuse)
 
 
 def deploy(tmp_path, cfg, grid, **kw):

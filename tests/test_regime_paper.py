@@ -15,6 +15,7 @@ import torch
 
 from fedmerge.core.training import LocalTraining, local_sgd
 from fedmerge.data.federated import ClientData, FederatedDataset
+from fedmerge.run import data_plan
 from fedmerge.study import protocol, regime, report
 from fedmerge.study.protocol import Conducted, choose
 from fedmerge.study.spec import StudyFile, run_key
@@ -68,6 +69,13 @@ def test_the_reference_trains_and_scores_on_the_device_it_is_given(monkeypatch):
     assert all(d == {"meta"} for _, d in seen), seen
 
 
+class NoData:
+    """Stands for a dataset that a spy reference never reads (moving it to a device is all it allows)."""
+
+    def to(self, device: torch.device) -> NoData:
+        return self
+
+
 def test_the_study_hands_the_configs_device_to_the_reference(tmp_path, monkeypatch):
     """A paper study's base config says ``device: cuda``: its reference is asked to train there (CUDA faked
     available here; the reference itself is a spy)."""
@@ -78,7 +86,7 @@ def test_the_study_hands_the_configs_device_to_the_reference(tmp_path, monkeypat
          "methods": [{"label": "Local", "overrides": ["algorithm.name=local"]}]}
     )  # fmt: skip
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(protocol, "load_data", lambda cfg: "data")
+    monkeypatch.setattr(data_plan, "load_data", lambda cfg: NoData())  # the reference is a spy: no data needed
     asked = {}
 
     def spy(data, model_cfg, training, seed, **kw):
@@ -98,7 +106,7 @@ def test_a_study_on_a_machine_without_its_device_is_refused_in_one_line(tmp_path
     base.write_text("device: cuda\n")
     spec = StudyFile.model_validate({"title": "t", "base": str(base), "seeds": [0], "methods": [{"label": "Local"}]})
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    monkeypatch.setattr(protocol, "load_data", lambda cfg: "data")
+    monkeypatch.setattr(data_plan, "load_data", lambda cfg: NoData())
     with pytest.raises(ConfigError, match="CUDA is not available"):
         protocol.regime(spec.at(), tmp_path / "runs")
 

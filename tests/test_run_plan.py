@@ -88,12 +88,12 @@ def test_each_problem_refuses_in_its_one_line_and_nothing_is_written(tmp_path, o
 
 
 def test_a_new_run_is_refused_a_folder_that_holds_a_run_before_the_data_is_built(tmp_path, monkeypatch):
-    import fedmerge.run.plan as plan
+    import fedmerge.run.data_plan as data_plan
 
     folder = tmp_path / "run"
     folder.mkdir()
     (folder / "config.yaml").write_text("rounds: 1\n")
-    monkeypatch.setattr(plan, "load_data", lambda cfg: pytest.fail("data was built"))
+    monkeypatch.setattr(data_plan, "load_data", lambda cfg: pytest.fail("data was built"))
     with pytest.raises(ConfigError) as refused:
         plan_run(quick_config(), run_dir=folder)
     assert str(refused.value) == (

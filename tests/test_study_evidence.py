@@ -351,6 +351,7 @@ def test_a_missing_exploration_is_a_config_error(tmp_path, monkeypatch):
 
 
 def test_a_stored_reference_without_validation_is_computed_again_unless_report_only(tmp_path, monkeypatch):
+    from fedmerge.run.data_plan import DataPlan
     from fedmerge.study import protocol
     from fedmerge.study.regime import CentralReference
 
@@ -358,7 +359,7 @@ def test_a_stored_reference_without_validation_is_computed_again_unless_report_o
     monkeypatch.chdir(tmp_path)
     fresh = CentralReference("all", [2], [0.1], [0.9], [0.9], [0.8], [0.85])
     calls = []
-    monkeypatch.setattr(protocol, "load_data", lambda cfg: None)
+    monkeypatch.setattr(protocol, "plan_data", lambda cfg: DataPlan(cfg, torch.device("cpu"), None))
     monkeypatch.setattr(protocol, "central_reference", lambda *a, **k: calls.append(a[3]) or fresh)
     runs = tmp_path / "runs"
     runs.mkdir()

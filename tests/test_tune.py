@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 from fedmerge.cli import app
 from fedmerge.config.schema import ConfigError, load_config
 from fedmerge.config.tuned import load_tuned_config
-from fedmerge.run import plan, runner
+from fedmerge.run import data_plan, runner
 from fedmerge.sweep.tune import Param, default_space, load_space_file, space_for
 
 optuna = pytest.importorskip("optuna", reason="pip install -e '.[tune]'")
@@ -106,7 +106,7 @@ def test_the_test_split_is_never_evaluated_while_tuning(tuned):
 
 
 def test_tuning_result_does_not_change_when_test_labels_are_poisoned(tuned, tmp_path, monkeypatch):
-    clean_load = plan.load_data
+    clean_load = data_plan.load_data
 
     def poisoned(cfg):
         data = clean_load(cfg)
@@ -117,7 +117,7 @@ def test_tuning_result_does_not_change_when_test_labels_are_poisoned(tuned, tmp_
 
     cfg = load_config(None, TINY)
     honest = runner.run_experiment(cfg, tmp_path / "honest", show_progress=False).summary
-    monkeypatch.setattr(plan, "load_data", poisoned)
+    monkeypatch.setattr(data_plan, "load_data", poisoned)
     spoiled = runner.run_experiment(cfg, tmp_path / "spoiled", show_progress=False).summary
     # the poison is real: a run that reads its test split sees it
     assert spoiled["last"]["clients"]["test_acc"]["mean"] < honest["last"]["clients"]["test_acc"]["mean"] - 0.3

@@ -32,11 +32,12 @@ from typing import Any
 
 import torch
 
+from fedmerge.algorithms.privacy_report import book_client, round_figures, run_guarantees
+from fedmerge.algorithms.privacy_report import redact_participants as redact_participants
 from fedmerge.algorithms.privacy_settings import (
     BIT_KEY,
     CLIP_KEY,
     KEY,
-    NOT_PRIVATE,
     PUBLIC_META,
     SECRET_KEY,
     PrivacySettings,
@@ -162,7 +163,7 @@ class PrivateAlgorithm(Algorithm):
         if self.settings.dp_sgd is not None:  # each client's epsilon travels in the clear with its metadata
             ledger = book["dp_sgd"]
             for cid in summed.clients:
-                _book_client(ledger, cid, summed.metas[cid][KEY])
+                book_client(ledger, cid, summed.metas[cid][KEY])
             ledger["clients"] = summed.clients
         new = self.inner.aggregate_summed(self._without(state), rnd, summed)
         return ServerState(new.tensors, {**new.meta, **self._kept_meta(state), KEY: book})
@@ -177,7 +178,7 @@ class PrivateAlgorithm(Algorithm):
         if self.settings.dp_sgd is not None:
             ledger = book["dp_sgd"]
             for cid in sorted(updates):
-                _book_client(ledger, cid, updates[cid].meta[KEY])
+                book_client(ledger, cid, updates[cid].meta[KEY])
             ledger["clients"] = sorted(updates)
         if self.settings.central is None:
             new = self.inner.aggregate(inner_state, rnd, updates)
@@ -276,57 +277,14 @@ class PrivateAlgorithm(Algorithm):
 
     def server_report(self, state: ServerState, rnd: int) -> dict[str, Any]:
         report = dict(self.inner.server_report(self._without(state), rnd))
-        book = self._book(state)
-        figures: dict[str, Any] = {} if self.private else {"not_private": NOT_PRIVATE}
-        if "dp_sgd" in book:
-            eps = book["dp_sgd"]["epsilon"]
-            figures["dp_sgd"] = {
-                "delta": self.settings.dp_sgd.delta,
-                "epsilon_max": max(eps.values(), default=0.0),
-            }
-            if not self.poisson_clients:  # the round's clients by id would tell a reader who took part
-                figures["dp_sgd"]["epsilon"] = {str(c): eps[str(c)] for c in book["dp_sgd"]["clients"]}
-        if "central" in book and "last" in book["central"]:
-            figures["central"] = {"delta": self.settings.central.delta, **book["central"]["last"]}
-        report[KEY] = figures
+        report[KEY] = round_figures(self._book(state), self.settings, self.private, self.poisson_clients)
         return report
 
     def privacy_summary(self, state: ServerState) -> dict[str, Any]:
-        """The run's guarantees at its end (``summary.json``'s ``privacy``): RDP epsilon (Opacus's RDP
-        accountant, the bound the runs are planned with) and PRV epsilon (Opacus's PRV accountant) beside it."""
+        """The run's guarantees at its end (``summary.json``'s ``privacy``; ``privacy_report.run_guarantees``)."""
         book = self._book(state)
-        out: dict[str, Any] = {"private": self.private}
-        if not self.private:
-            out["not_private"] = NOT_PRIVATE
-        if "dp_sgd" in book:
-            eps = book["dp_sgd"]["epsilon"]
-            values = list(eps.values())
-            worst = max(eps, key=eps.__getitem__, default=None)
-            history = book["dp_sgd"].get("ledger", {}).get(worst) if worst is not None else None
-            out["dp_sgd"] = {
-                "delta": self.settings.dp_sgd.delta,
-                "clip": self.settings.dp_sgd.clip,
-                "sampling": "Poisson, rate batch_size / n per sample; add/remove one sample",
-                "epsilon_max": max(values, default=0.0),
-                # the same client's epsilon by the PRV accountant (its constant noise and rate: one ledger entry)
-                "epsilon_max_prv": Ledger([history]).epsilon_prv(self.settings.dp_sgd.delta) if history else None,
-                "epsilon_mean": sum(values) / len(values) if values else 0.0,
-                "epsilon": eps,
-            }
-        if "central" in book:
-            last = book["central"].get("last", {})
-            ledger = Ledger(book["central"]["history"])
-            out["central"] = {
-                "delta": self.settings.central.delta,
-                "epsilon": last.get("epsilon", 0.0),
-                "epsilon_prv": ledger.epsilon_prv(self.settings.central.delta),
-                "noise_multiplier": self.central_noise_multiplier,
-                "rounds": ledger.steps,
-                "client_rate": self.client_rate,
-                "sampling": "Poisson, rate participation per client; add/remove one client",
-                "final_clip": book["central"]["clip"],
-            }
-        return out
+        z = self.central_noise_multiplier if "central" in book else None
+        return run_guarantees(book, self.settings, self.private, z, self.client_rate)
 
     def noise_problem(self, train_sizes: list[int]) -> str | None:
         """Why the noise cannot be set as configured (one line), or None. ``train_sizes``: the clients'
@@ -427,26 +385,6 @@ class PrivateAlgorithm(Algorithm):
 
     def initial_weights(self, purpose: str = "init", cid: int = -1) -> StateDict:
         return self.inner.initial_weights(purpose, cid)
-
-
-def _book_client(ledger: dict[str, Any], cid: int, figures: dict[str, Any]) -> None:
-    """The server's record of a DP-SGD client: its epsilon, and (for the summary's PRV figure) its ledger as one
-    entry when its noise and rate never changed."""
-    ledger["epsilon"][str(cid)] = float(figures["epsilon"])
-    if "sample_rate" in figures:
-        entry = [float(figures["noise_multiplier"]), float(figures["sample_rate"]), int(figures["steps"])]
-        ledger.setdefault("ledger", {})[str(cid)] = entry
-
-
-def redact_participants(record: dict[str, Any]) -> dict[str, Any]:
-    """A round record as published under central DP with Poisson client sampling: which clients took part
-    stays secret (the sampling's amplification assumes a reader does not know it), so only their number is
-    logged; per-client communication, the failed clients' ids and per-client epsilons are left out."""
-    out = {k: v for k, v in record.items() if k not in ("selected", "comm_clients")}
-    out["participants"] = len(record.get("selected", []))
-    if "failed_clients" in record:
-        out["failed_clients"] = [{k: v for k, v in f.items() if k != "cid"} for f in record["failed_clients"]]
-    return out
 
 
 def build_algorithm(

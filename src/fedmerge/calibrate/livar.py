@@ -34,8 +34,7 @@ from fedmerge.core.algorithm import ClientContext
 from fedmerge.core.seeding import torch_generator
 from fedmerge.core.training import LocalTraining
 from fedmerge.engines.workers import set_threads
-from fedmerge.models import build_model
-from fedmerge.run.prepare import load_data, resolve_device
+from fedmerge.run.data_plan import plan_data
 
 MIN_CELL = 1e-3  # cells are normalised into merge weights: keep every one positive
 
@@ -72,18 +71,14 @@ def collect_samples(cfg: ExperimentConfig, repeats: int, log: Callable[[str], No
     """Steps 1-2: one (client, layer) row per sample with s_A, s_B, their percent ranks and lambda."""
     from scipy.optimize import nnls
 
-    device = resolve_device(cfg.device)
-    set_threads(cfg.threads)
-    data = load_data(cfg).to(device)
-
-    def factory(gen: torch.Generator) -> torch.nn.Module:
-        return build_model(cfg.model, data.input_shape, data.num_classes, generator=gen)
-
+    set_threads(cfg.threads)  # before the data is built, as a run does: the count is part of the numbers
+    planned = plan_data(cfg)
+    data, device, factory = planned.data, planned.device, planned.build_model
     model = factory(torch.Generator().manual_seed(0)).to(device)
     layers = lora_layers(list(model.state_dict()))
     if not layers:
         raise ConfigError("livar calibrate needs a LoRA model (e.g. model.name=minilm_lora)")
-    train = LocalTraining(**{k: getattr(cfg.algorithm, k) for k in LocalTraining.model_fields})
+    train = LocalTraining(**cfg.algorithm.model_dump(include=set(LocalTraining.model_fields)))
     joint = JointData(
         torch.cat([c.x_train for c in data.clients]),
         torch.cat([c.y_train for c in data.clients]),

@@ -44,8 +44,7 @@ def _refuse_what_cannot_run(config_path: str | None, overrides: list[str]) -> No
         cfg = load_config(config_path, overrides)
     except ConfigError as exc:
         fail(str(exc), 2)
-    privacy = getattr(cfg, "privacy", None)
-    if privacy is not None and (problem := settings_problem(cfg.algorithm.name, privacy)) is not None:
+    if cfg.privacy is not None and (problem := settings_problem(cfg.algorithm.name, cfg.privacy)) is not None:
         fail(problem, 2)
 
 

@@ -11,23 +11,21 @@ import os
 import re
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any
 
-import yaml
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    StringConstraints,
-    ValidationError,
-    create_model,
-    field_validator,
-)
+from pydantic import BaseModel, ValidationError, create_model
 
 from fedmerge.algorithms import ALGORITHMS
-from fedmerge.algorithms.privacy_settings import PrivacySettings
+from fedmerge.algorithms.ifca import IFCAConfig
 from fedmerge.config.errors import CONFIG_FILE as CONFIG_FILE
 from fedmerge.config.errors import ConfigError as ConfigError
+from fedmerge.config.experiment_config import MODULE_NAME, RUN_NAME
+from fedmerge.config.experiment_config import ExperimentConfig as ExperimentConfig
+from fedmerge.config.experiment_config import RunSettings as RunSettings
+from fedmerge.config.saved_config import RUN_LOCAL_KEYS as RUN_LOCAL_KEYS
+from fedmerge.config.saved_config import defaults_left_out as defaults_left_out
+from fedmerge.config.saved_config import first_config_difference as first_config_difference
+from fedmerge.config.saved_config import to_yaml as to_yaml
 from fedmerge.config.schema_docs import did_you_mean, keys_at
 from fedmerge.config.sections import FlowerSettings as FlowerSettings
 from fedmerge.config.sections import LogSettings as LogSettings
@@ -41,10 +39,9 @@ from fedmerge.config.sources import merge as merge
 from fedmerge.config.sources import parse_override as parse_override
 from fedmerge.config.sources import read_yaml as read_yaml
 from fedmerge.core.algorithm import BUILTIN_DEFAULTS, AlgorithmConfig
-from fedmerge.core.loop import EVAL_CLIENTS_HELP, parse_eval_clients
 from fedmerge.core.plugins import PluginError, import_plugins, load_installed
-from fedmerge.core.registry import ComponentConfig, registry_version
-from fedmerge.data import DATASETS, PARTITIONERS, NoiseConfig, SplitConfig
+from fedmerge.core.registry import registry_version
+from fedmerge.data import DATASETS, PARTITIONERS, NoiseConfig, PartitionConfig, SplitConfig
 from fedmerge.data.pool import DatasetConfig
 from fedmerge.models import MODELS
 
@@ -58,10 +55,6 @@ DEFAULT_CONFIG: dict[str, Any] = {
 }
 
 
-RUN_NAME = re.compile(r"^[A-Za-z0-9_.+-]+$")
-MODULE_NAME = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
-
-
 def make_folder(path: Path, option: str, exist_ok: bool = True) -> Path:
     """``path.mkdir(parents=True)``, or a one-line `ConfigError` naming the ``option`` that chose
     the place (a read-only or impossible location, a file in the way)."""
@@ -70,107 +63,6 @@ def make_folder(path: Path, option: str, exist_ok: bool = True) -> Path:
     except OSError as exc:  # FileExistsError too: a file of that name (or, with exist_ok=False, anything)
         raise ConfigError(f"{option}: cannot create {path} ({exc.strerror})") from None
     return path
-
-
-class RunSettings(BaseModel):
-    """Fields that are not components: the schedule, engine and outputs."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    # empty: omitted from config.yaml so that existing run folders stay unchanged
-    plugins: tuple[Annotated[str, StringConstraints(pattern=MODULE_NAME)], ...] = Field(
-        (),
-        description="modules imported before the config is read, registering components of other packages "
-        "(docs/extending.md); saved in config.yaml, so resumes, sweeps and Flower nodes import them too",
-    )
-    name: str = Field(
-        "experiment",
-        min_length=1,
-        pattern=RUN_NAME.pattern,
-        description="run folder prefix; default ALGORITHM-DATASET (e.g. fedprox-npz)",
-    )
-    seed: int = Field(0, ge=0, description="seeds the partition, splits, noise, initialisation and training")
-    rounds: int = Field(20, ge=1, description="communication rounds")
-    participation: float = Field(1.0, gt=0, le=1, description="fraction of clients sampled per round")
-    eval_every: int = Field(1, ge=1, description="evaluate every this many rounds (and always the last)")
-    # "all" is omitted from config.yaml and the config digest so that existing run folders stay unchanged
-    eval_clients: str = Field("all", description=f"whose personalised models are evaluated: {EVAL_CLIENTS_HELP}")
-    checkpoint_every: int = Field(1, ge=1, description="checkpoint every this many rounds (and always the last)")
-    keep_checkpoints: int = Field(2, ge=1, description="checkpoint files kept in RUN_DIR/checkpoints")
-    engine: Literal["local", "flower"] = Field("local", description="local: in-process; flower: Flower (simulation)")
-    # None: defaults; omitted from config.yaml so local runs are unchanged
-    flower: FlowerSettings | None = Field(None, description="Flower settings (fedmerge list flower)")
-    # None: states in memory; omitted from config.yaml so that existing run folders stay unchanged
-    state: StateSettings | None = Field(
-        None, description="keep client states on disk with incremental checkpoints (fedmerge list state); null: in RAM"
-    )
-    # None: defaults; omitted from config.yaml so that existing run folders stay unchanged
-    log: LogSettings | None = Field(None, description="extra outputs (fedmerge list log)")
-    # None: defaults (no adaptation); omitted from config.yaml so that existing run folders stay unchanged
-    unseen: UnseenSettings | None = Field(
-        None, description="onboarding of the clients that never train, split.unseen_clients (fedmerge list unseen)"
-    )
-    # None: no differential privacy; omitted from config.yaml so that existing run folders stay unchanged
-    privacy: PrivacySettings | None = Field(
-        None, description="differential privacy and secure aggregation (fedmerge list privacy)"
-    )
-    device: str = Field("cpu", pattern=r"^(cpu|cuda(:\d+)?|mps|auto)$", description="cpu, cuda, cuda:N, mps or auto")
-    output_dir: str = Field("runs", description="where run folders are created")
-    eval_batch_size: int = Field(1024, ge=1, description="batch size of evaluation (memory only, not results)")
-    threads: int | None = Field(
-        1,
-        ge=1,
-        description="torch intra-op CPU threads for client and server work, the same in every engine and worker: "
-        "the thread count changes the numbers (reduction order); null: the machine's default, not portable",
-    )
-    # "auto" is written to config.yaml as such and resolved by each process that runs or resumes the run
-    workers: int | Literal["auto"] = Field(
-        "auto",
-        description="engine=local: processes running clients in parallel (threads=1 each), the same numbers for "
-        "any count; auto: one per core available, at most the clients per round, 1 where forking cannot help "
-        "(device not cpu, threads not 1, vectorize) and while a round's client work is under 0.5 s",
-    )
-    vectorize: bool = Field(
-        False,
-        description="engine=local: train the round's clients as one batched computation (vmap; for GPUs); plain "
-        "local SGD methods only (fedavg, fedavg_ft, fedprox, local, fedmerge); equal to the default within float "
-        "tolerance, not bit for bit",
-    )
-    keep_freed_memory: bool = Field(
-        True,
-        description="Linux (glibc): freed memory stays in the process for reuse instead of going back to the OS, "
-        "so that each round's updates do not page-fault fresh memory (less system time per round); "
-        "the process keeps its peak memory until it exits. Changes no number",
-    )
-
-    @field_validator("workers", mode="before")
-    @classmethod
-    def _valid_workers(cls, value: Any) -> int | str:
-        if value == "auto":
-            return value
-        if isinstance(value, bool) or not isinstance(value, int | str) or not str(value).isdigit() or int(value) < 1:
-            raise ValueError("a number of processes (1 or more) or auto")
-        return int(value)
-
-    @field_validator("eval_clients")
-    @classmethod
-    def _valid_eval_clients(cls, value: str) -> str:
-        parse_eval_clients(value)
-        return value
-
-
-class ExperimentConfig(RunSettings):
-    """The static type of a validated config (what [`load_config()`][fedmerge.config.schema.load_config]
-    returns): each component section typed by its base class. The schema validated at run time
-    ([`experiment_model()`][fedmerge.config.schema.experiment_model]) derives from it, narrowing each component
-    section to the union of the registered components' configs."""
-
-    dataset: ComponentConfig
-    partition: ComponentConfig
-    split: SplitConfig = SplitConfig()
-    noise: NoiseConfig = NoiseConfig()
-    model: ComponentConfig
-    algorithm: AlgorithmConfig
 
 
 def experiment_model() -> type[ExperimentConfig]:
@@ -266,12 +158,6 @@ def validate(data: dict[str, Any], builtin_algorithm: frozenset[str] = frozenset
     return cfg
 
 
-# (algorithm, key, what): models of which each client trains only one, so that models beyond the number of
-# training clients are never trained. (FedMerge's global models and FedEM's components are all trained by
-# every client: the paper's own tables run FedMerge d=5 and FedEM M=5 on 4 clients.)
-ONE_MODEL_PER_CLIENT = (("ifca", "num_clusters", "cluster models"),)
-
-
 def impossible_setting(cfg: ExperimentConfig) -> str | None:
     """A valid-looking setting that cannot work: more IFCA clusters than training clients (each client
     picks one cluster, so the extra ones would never be trained); the publisher's test set asked of a dataset
@@ -286,22 +172,23 @@ def impossible_setting(cfg: ExperimentConfig) -> str | None:
             "use split.test_from: clients"
         )
 
-    num_clients = getattr(cfg.partition, "num_clients", None)
-    if not isinstance(num_clients, int):
+    # IFCA's clients each train one cluster model, so models beyond the training clients are never trained.
+    # (FedMerge's global models and FedEM's components are all trained by every client: the paper's own tables
+    # run FedMerge d=5 and FedEM M=5 on 4 clients.) `natural` counts its clients from the data: not checked here.
+    if not isinstance(cfg.algorithm, IFCAConfig) or not isinstance(cfg.partition, PartitionConfig):
         return None
+    num_clients, clusters = cfg.partition.num_clients, cfg.algorithm.num_clusters
     try:
         training = num_clients - unseen_count(num_clients, cfg.split.unseen_clients)
     except ValueError:  # too many unseen clients: reported where the data is built
         training = num_clients
-    for name, key, what in ONE_MODEL_PER_CLIENT:
-        value = getattr(cfg.algorithm, key, None)
-        if cfg.algorithm.name == name and isinstance(value, int) and value > training:
-            counted = "partition.num_clients" + ("" if training == num_clients else " less split.unseen_clients")
-            return (
-                f"algorithm.{key}={value} asks for more {what} than the {training} clients that train ({counted}); "
-                f"lower algorithm.{key} to at most {training}"
-            )
-    return None
+    if clusters <= training:
+        return None
+    counted = "partition.num_clients" + ("" if training == num_clients else " less split.unseen_clients")
+    return (
+        f"algorithm.num_clusters={clusters} asks for more cluster models than the {training} clients that train "
+        f"({counted}); lower algorithm.num_clusters to at most {training}"
+    )
 
 
 def dataset_label(section: Any) -> str:
@@ -391,64 +278,7 @@ def _deep_copy(data: Any) -> Any:
     return data
 
 
-# Keys that do not change what a finished run means: a sweep or study run again with other --jobs
-# (threads, workers), elsewhere or under another name reuses the run.
-RUN_LOCAL_KEYS = {"threads", "workers", "output_dir", "name", "eval_batch_size", "device", "keep_freed_memory"}
-
-
-def first_config_difference(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> tuple[str, Any, Any] | None:
-    """(dotted key, old value, new value) of the first setting where two config dumps differ, ignoring
-    `RUN_LOCAL_KEYS`; None when they describe the same run."""
-    for key in sorted(set(old) | set(new)):
-        if not prefix and key in RUN_LOCAL_KEYS:
-            continue
-        a, b = old.get(key), new.get(key)
-        if isinstance(a, dict) and isinstance(b, dict):
-            found = first_config_difference(a, b, f"{prefix}{key}.")
-            if found:
-                return found
-        elif a != b:
-            return f"{prefix}{key}", a, b
-    return None
-
-
 def config_warnings(cfg: ExperimentConfig) -> list[str]:
     """Valid but most likely unintended settings (one line each): each method says its own."""
-    hook = getattr(cfg.algorithm, "warnings", None)  # a plugin's config may not derive from AlgorithmConfig
-    return list(hook(cfg.rounds)) if callable(hook) else []
-
-
-def defaults_left_out(cfg: ExperimentConfig) -> dict[str, Any]:
-    """Keys added after run folders existed, left out of config.yaml (and the digest) at their default, as
-    a pydantic ``exclude`` mapping (nested keys under their section)."""
-    left_out: dict[str, Any] = {"eval_clients": True} if getattr(cfg, "eval_clients", "all") == "all" else {}
-    left_out |= {"plugins": True} if not getattr(cfg, "plugins", ()) else {}
-    left_out |= {"vectorize": True} if not getattr(cfg, "vectorize", False) else {}
-    privacy = getattr(cfg, "privacy", None)
-    left_out |= {"privacy": True} if privacy is None else {}
-    if privacy is not None and privacy.secure_aggregation is None:  # DP run folders from before it stay unchanged
-        left_out["privacy"] = {"secure_aggregation": True}
-    left_out |= {"unseen": True} if getattr(cfg, "unseen", None) is None else {}
-    left_out |= {"keep_freed_memory": True} if getattr(cfg, "keep_freed_memory", True) else {}
-    for section, key, default in NESTED_ADDED_KEYS:
-        if left_out.get(section) is True:  # the whole section is left out
-            continue
-        if getattr(getattr(cfg, section, None), key, default) == default:
-            left_out.setdefault(section, {})[key] = True
-    return left_out
-
-
-# (section, key, default): options of a section added after run folders existed
-NESTED_ADDED_KEYS = (
-    ("dataset", "subsample_seed", 0),
-    ("split", "test_per_client", None),
-    ("split", "test_from", "clients"),
-    ("split", "unseen_clients", 0),
-    ("unseen", "also_adapt_epochs", ()),
-    ("unseen", "adapt_lr", None),
-)
-
-
-def to_yaml(cfg: ExperimentConfig) -> str:
-    exclude = {k: True for k in ("flower", "log", "state") if getattr(cfg, k, None) is None} | defaults_left_out(cfg)
-    return yaml.safe_dump(cfg.model_dump(mode="json", exclude=exclude or None), sort_keys=False)
+    # the registry takes any ComponentConfig: a plugin's method config may not derive from AlgorithmConfig
+    return list(cfg.algorithm.warnings(cfg.rounds)) if isinstance(cfg.algorithm, AlgorithmConfig) else []

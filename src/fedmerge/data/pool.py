@@ -201,10 +201,9 @@ def load_pool(dataset_cfg: ComponentConfig | dict, seed: int | None = None) -> P
     """
     cfg = dataset_config(dataset_cfg, seed)
     pool = _load_checked(cfg)
-    max_samples = getattr(cfg, "max_samples", None)
-    if max_samples is None or getattr(cfg, "subsamples_itself", False):
+    if not isinstance(cfg, DatasetConfig) or cfg.max_samples is None or cfg.subsamples_itself:
         return pool
-    return stratified_subsample(pool, max_samples, getattr(cfg, "subsample_seed", 0))
+    return stratified_subsample(pool, cfg.max_samples, cfg.subsample_seed)
 
 
 def load_pool_and_heldout(dataset_cfg: ComponentConfig | dict, seed: int | None = None) -> tuple[Pool, Pool]:
@@ -213,14 +212,13 @@ def load_pool_and_heldout(dataset_cfg: ComponentConfig | dict, seed: int | None 
     ``max_samples``' subsample leaves out (empty without ``max_samples``). No client is ever given a
     held-out sample, so they can serve as test data (``split.test_per_client``)."""
     cfg = dataset_config(dataset_cfg, seed)
-    max_samples = getattr(cfg, "max_samples", None)
-    if max_samples is None:
+    if not isinstance(cfg, DatasetConfig) or cfg.max_samples is None:
         pool = _load_checked(cfg)
         return pool, pool.subset(np.zeros(0, dtype=np.int64))
-    lazy = cfg.lazy_whole() if isinstance(cfg, DatasetConfig) else None
+    lazy = cfg.lazy_whole()
     full = lazy if lazy is not None else _load_checked(cfg.model_copy(update={"max_samples": None}))
-    rows = subsample_rows(full, max_samples, getattr(cfg, "subsample_seed", 0))
-    if getattr(cfg, "subsamples_itself", False):
+    rows = subsample_rows(full, cfg.max_samples, cfg.subsample_seed)
+    if cfg.subsamples_itself:
         pool = _load_checked(cfg)  # the loader's own subsample, exactly as load_pool gives it
         kept = np.asarray(full.x[rows])  # a lazy pool makes (or reads from its cache) the subsample's inputs
         same = np.array_equal(pool.y, full.y[rows]) and pool.x.shape == kept.shape
@@ -236,7 +234,7 @@ def load_pool_and_heldout(dataset_cfg: ComponentConfig | dict, seed: int | None 
 def dataset_config(dataset_cfg: ComponentConfig | dict, seed: int | None = None) -> ComponentConfig:
     """The parsed dataset config with ``subsample_seed: run`` replaced by the run's ``seed``."""
     cfg = DATASETS.parse(dataset_cfg) if isinstance(dataset_cfg, dict) else dataset_cfg
-    if getattr(cfg, "subsample_seed", 0) != "run" or getattr(cfg, "max_samples", None) is None:
+    if not isinstance(cfg, DatasetConfig) or cfg.subsample_seed != "run" or cfg.max_samples is None:
         return cfg  # nothing to draw with the run's seed
     if seed is None:
         raise ValueError("dataset.subsample_seed: 'run' draws the subsample with the run's seed, and none was given")
@@ -246,6 +244,7 @@ def dataset_config(dataset_cfg: ComponentConfig | dict, seed: int | None = None)
 def _load_checked(cfg: ComponentConfig) -> Pool:
     pool = DATASETS.get(cfg.name).obj(cfg)
     # every loader, built-in or added later: no NaN/Inf reaches training
+    # a user's file (path) or a fetched dataset's folder (data_dir): fields of some loaders' configs only
     where = getattr(cfg, "path", None) or getattr(cfg, "data_dir", None) or f"dataset {cfg.name!r}"
     require_finite(pool.x, str(where))
     return pool

@@ -184,7 +184,7 @@ def onboard_run(request: OnboardRequest, grid: Any, notify: Any = None) -> Onboa
     require_flower(simulation=False)
     run = read_run(request.run_dir, request.round)
     cfg, rnd = run.cfg, run.checkpoint.round
-    unseen = getattr(cfg, "unseen", None)
+    unseen = cfg.unseen
     epochs = request.adapt_epochs if request.adapt_epochs is not None else (unseen.adapt_epochs if unseen else 0)
     if epochs < 0:
         raise ConfigError(f"--adapt-epochs {epochs}: give 0 or more epochs")
@@ -196,9 +196,8 @@ def onboard_run(request: OnboardRequest, grid: Any, notify: Any = None) -> Onboa
     def model_factory(generator: torch.Generator) -> torch.nn.Module:
         return build_model(cfg.model, first.input_shape, first.num_classes, generator=generator)
 
-    privacy = getattr(cfg, "privacy", None)
     algorithm = build_algorithm(
-        cfg.algorithm, model_factory, run.participants, cfg.seed, privacy,
+        cfg.algorithm, model_factory, run.participants, cfg.seed, cfg.privacy,
         rounds=cfg.rounds, participation=cfg.participation,
     )  # fmt: skip
     _check_fits(run, algorithm, federation)

@@ -26,9 +26,11 @@ from fedmerge.data import FederatedDataset
 from fedmerge.engines.vectorized import vectorize_problem
 from fedmerge.engines.workers import WorkerCount, available_cores, resolve_workers, set_threads, workers_problem
 from fedmerge.models import build_model
+from fedmerge.run.data_plan import plan_data
 from fedmerge.run.engine_setup import connect_nodes, deployed_config, flower_problem, pooled_test_of, server_test
-from fedmerge.run.prepare import check_compatibility, data_warnings, load_data, resolve_device, without_test
+from fedmerge.run.prepare import check_compatibility, resolve_device
 from fedmerge.run.results import new_run_folder_problem
+from fedmerge.run.source import RunSource as RunSource
 from fedmerge.run.tensorboard_log import tensorboard_problem
 
 Notify = Callable[[str], None]
@@ -37,32 +39,6 @@ PooledTest = Callable[[], tuple[torch.Tensor, torch.Tensor]]
 
 def silent(message: str) -> None:
     """A `Notify` that drops every notice."""
-
-
-@dataclass(frozen=True)
-class RunSource:
-    """Where a run's clients and their data are.
-
-    Local data (the default): this process builds the config's dataset, or uses ``data`` (built already:
-    benchmarks); ``withhold_test`` removes the test split before training (``fedmerge tune``'s trials). ``grid``:
-    a Flower Grid handed to a ServerApp (``engine: flower``); with ``deployment`` the nodes own their data and
-    states, the server loads none and tests a global model only on ``pooled_test`` (a file of
-    ``fedmerge export-clients --pooled-test``)."""
-
-    data: FederatedDataset | None = None
-    grid: Any = None
-    deployment: bool = False
-    pooled_test: str | None = None
-    withhold_test: bool = False
-
-    def __post_init__(self) -> None:
-        if self.deployment and self.grid is None:  # a caller's mistake, not a user's
-            raise ValueError("deployment=True needs the Grid of a ServerApp")
-
-    @property
-    def local(self) -> bool:
-        """Whether ``cfg``'s clients run in this process (no Flower Grid to send them to)."""
-        return self.grid is None
 
 
 @dataclass(frozen=True)
@@ -315,17 +291,11 @@ def _local(cfg: ExperimentConfig, source: RunSource, device: torch.device, notif
     tokens = cfg.dataset.token_length()
     if tokens is not None:
         check_compatibility(cfg, torch.ones(2, tokens, dtype=torch.int64), 2, device)
-    data = source.data
-    if data is None:
-        with data_warnings(notify):
-            data = load_data(cfg)
-    data = data.to(device)
-    if source.withhold_test:
-        data = without_test(data)
-    sample = next(c.x_train[:2] for c in data.clients if c.n_train)
-    # the clients that never train come last (split.unseen_clients): the method is built for the others
-    groups = data.groups()[: data.num_participants]
-    return _Inputs(cfg, data, None, sample, data.num_classes, data.input_shape, groups, pooled_test_of(cfg, data))
+    planned = plan_data(cfg, source, device=device, notify=notify)
+    data = planned.data
+    return _Inputs(
+        cfg, data, None, planned.sample, data.num_classes, data.input_shape, planned.groups, pooled_test_of(cfg, data)
+    )
 
 
 def newcomers_of(cfg: ExperimentConfig, data: FederatedDataset) -> Newcomers:

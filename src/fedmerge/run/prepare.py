@@ -11,6 +11,7 @@ import torch
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from fedmerge.config.schema import ConfigError, ExperimentConfig, dataset_label
+from fedmerge.core.training import LocalTraining
 from fedmerge.data import DataUnavailable, FederatedDataset, build_federated_dataset
 from fedmerge.data.errors import DataWarning
 from fedmerge.engines.device import DeviceUnavailable
@@ -96,7 +97,9 @@ def check_compatibility(
     # a model with its own task loss (a causal LM) is not a classifier: its outputs are its business
     if not hasattr(model, "task_loss") and tuple(logits.shape) != (len(sample), num_classes):
         raise ConfigError(f"{where}: it returns shape {tuple(logits.shape)}, expected (N, {num_classes})")
-    if getattr(cfg.algorithm, "batch_size", None) == 1 and any(isinstance(m, _BatchNorm) for m in model.modules()):
+    # the registry takes any ComponentConfig: a plugin's method config may have no local training
+    trains_in_batches = isinstance(cfg.algorithm, LocalTraining)
+    if trains_in_batches and cfg.algorithm.batch_size == 1 and any(isinstance(m, _BatchNorm) for m in model.modules()):
         raise ConfigError(
             f"algorithm.batch_size: 1 cannot train model {cfg.model.name!r}: its BatchNorm layers need 2 or more "
             "samples per batch"

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from fedmerge.algorithms import Algorithm
-from fedmerge.algorithms.privacy import redact_participants
+from fedmerge.algorithms.privacy_report import redact_participants
 from fedmerge.config.schema import dataset_label
 from fedmerge.core.checkpoint import save_checkpoint
 from fedmerge.core.loop import UNSEEN_EVAL, Engine, Schedule, run_rounds

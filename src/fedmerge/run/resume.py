@@ -44,7 +44,7 @@ def resume_checkpoint(run_dir: Path, cfg: ExperimentConfig, file: str | None = N
     (checksum verified). None when the run stopped before its first checkpoint. A folder whose
     ``latest.json`` is gone while round files remain is refused: restarting would discard them."""
     folder = run_dir / CHECKPOINT_DIR
-    with_clients = getattr(cfg, "state", None) is None  # a store's states are read as clients need them
+    with_clients = cfg.state is None  # a store's states are read as clients need them
     if file is not None and not latest_names(folder, file):
         ckpt = parse_checkpoint(Path(file) if Path(file).is_file() else folder / Path(file).name, None, with_clients)
     elif (folder / LATEST).exists():
@@ -64,7 +64,7 @@ def resume_checkpoint(run_dir: Path, cfg: ExperimentConfig, file: str | None = N
 
 def continues(ckpt: Checkpoint, cfg: ExperimentConfig) -> bool:
     """Whether ``ckpt`` was made by ``cfg``'s run, with client states where ``cfg`` keeps them."""
-    with_clients = getattr(cfg, "state", None) is None
+    with_clients = cfg.state is None
     return ckpt.meta.get("config_digest") == config_digest(cfg) and (ckpt.client_store is None) == with_clients
 
 
@@ -80,7 +80,7 @@ def roll_back_to_records(
     if start <= recorded:
         return ckpt, None
     folder = run_dir / CHECKPOINT_DIR
-    with_clients = getattr(cfg, "state", None) is None
+    with_clients = cfg.state is None
     older = None
     for rnd, path in reversed(checkpoint_files(folder).items()):
         if rnd > recorded:

@@ -21,9 +21,8 @@ import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from fedmerge.config.schema import ConfigError, load_config
+from fedmerge.config.schema import ConfigError, ExperimentConfig, load_config
 from fedmerge.study.spec import Study, run_key, run_overrides
 from fedmerge.sweep.clusters import LaunchOptions
 from fedmerge.sweep.launch import cores
@@ -62,7 +61,7 @@ def plan(study: Study) -> Plan:
     return Plan(tuning, seeds)
 
 
-def configs(study: Study) -> list[Any]:
+def configs(study: Study) -> list[ExperimentConfig]:
     """Each tuning run's config (the seeds' runs differ only in seed)."""
     return [load_config(study.base, [*overrides, f"name={key}"]) for key, overrides in plan(study).tuning]
 
@@ -113,24 +112,25 @@ def check_device(study: Study, options: LaunchOptions, cluster_gpus: float | Non
             )
 
 
-def missing_datasets(cfgs: list[Any]) -> tuple[list[str], int]:
+def missing_datasets(cfgs: list[ExperimentConfig]) -> tuple[list[str], int]:
     """The problems with the runs' datasets (one line each), and the bytes still to download."""
     from fedmerge.data.catalog import CATALOG, fetch_command
+    from fedmerge.data.sources.fetched import FetchedConfig
 
     problems: list[str] = []
     to_fetch: dict[str, int] = {}
     for ds in {cfg.dataset.model_dump_json(): cfg.dataset for cfg in cfgs}.values():
-        path = getattr(ds, "path", None)
+        path = getattr(ds, "path", None)  # a user's file: a field of those loaders' configs only
         if path:
             if not Path(path).expanduser().exists():
                 problems.append(f"dataset {ds.name!r}: {path} does not exist (dataset.path)")
             continue
-        if ds.name not in CATALOG.names() or not hasattr(ds, "data_dir"):
+        if ds.name not in CATALOG.names() or not isinstance(ds, FetchedConfig):
             continue  # built in or read by its own loader: it says what is missing
         entry = CATALOG.get(ds.name)
         folder = entry.folder(ds.data_dir)
         absent = [f for f in entry.files if not (folder / f.name).is_file()]
-        if absent and getattr(ds, "download", False):
+        if absent and ds.download:
             to_fetch[ds.name] = sum(f.size or 0 for f in absent)
         elif absent:
             problems.append(
@@ -140,12 +140,13 @@ def missing_datasets(cfgs: list[Any]) -> tuple[list[str], int]:
     return problems, sum(to_fetch.values())
 
 
-def hub_names(cfg: Any) -> set[str]:
+def hub_names(cfg: ExperimentConfig) -> set[str]:
     """The Hugging Face names a run loads weights or a tokenizer from (a local folder is not one)."""
-    names = {getattr(cfg.model, "model", None), getattr(cfg.dataset, "tokenizer", None)}
-    if cfg.model.name == "vit_lora" and getattr(cfg.model, "backend", "hf") == "hf" and cfg.model.model is None:
-        from fedmerge.models.vit import DEFAULT_MODEL
+    from fedmerge.models.vit import DEFAULT_MODEL, ViTLoRAConfig
 
+    # by key, not by class: the pretrained models' and text datasets' configs (a plugin's too) name them so
+    names = {getattr(cfg.model, "model", None), getattr(cfg.dataset, "tokenizer", None)}
+    if isinstance(cfg.model, ViTLoRAConfig) and cfg.model.backend == "hf" and cfg.model.model is None:
         names.add(DEFAULT_MODEL["hf"])
     return {n for n in names if isinstance(n, str) and n and not Path(n).expanduser().exists()}
 
@@ -164,7 +165,7 @@ def hub_offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
 
 
-def missing_weights(cfgs: list[Any]) -> list[str]:
+def missing_weights(cfgs: list[ExperimentConfig]) -> list[str]:
     """Weights or tokenizers neither on disk nor in the Hugging Face cache, when nothing may be downloaded."""
     names = sorted(set().union(*(hub_names(cfg) for cfg in cfgs)) if cfgs else set())
     absent = [n for n in names if not in_hf_cache(n)]

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from fedmerge.config.schema import ConfigError, load_config
-from fedmerge.run.prepare import load_data, resolve_device
+from fedmerge.run.data_plan import plan_data
 from fedmerge.run.provenance import source_commit
 from fedmerge.run.results import DONE, SUMMARY_FILE
 from fedmerge.run.run_records import RoundRecord, RunSummary, Stats, as_summary, read_summary
@@ -207,16 +207,17 @@ def regime(study: Study, runs: Path, report_only: bool = False, notify: Notify =
         file = runs / f"regime-seed{seed}.json"
         if not file.exists():
             cfg = load_config(study.base, [*opts.overrides, f"seed={seed}"])
-            device = resolve_device(cfg.device)  # where the runs train (a paper study's GPU), refused now if absent
+            # the runs' clients, on the device they train on (a paper study's GPU; refused now if absent)
+            planned = plan_data(cfg)
             ref = central_reference(
-                load_data(cfg),
+                planned.data,
                 cfg.model,
                 cfg.algorithm,
                 seed,
                 scope=opts.scope,
                 max_epochs=opts.max_epochs,
                 lrs=study.reference_lrs(),
-                device=device,
+                device=planned.device,
             )
             runs.mkdir(parents=True, exist_ok=True)
             commit, dirty = source_commit()

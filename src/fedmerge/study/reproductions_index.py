@@ -6,9 +6,11 @@
 ``scripts/reproductions_index.py`` runs the same from any folder. Layout (``fedmerge.study.reproductions``):
 ``docs/reproductions/PAPER/FAMILY/STUDY.json``, written by ``fedmerge study --out .../STUDY.md`` next to its
 report; a family is one study and the revisions of its table, with a hand-written ``HISTORY.md`` and, where
-one was written, ``READING.md`` beside them. The hand-written ``verdicts.md`` stays at the top and no
-generator touches it. The README's first table, the study of record per paper table, takes its rows from the
-"At a glance" table of ``verdicts.md`` and its regime column from the JSON files; a paper table called
+one was written, ``READING.md`` beside them. ``verdicts.md`` and ``unseen/READING.md`` are rendered first,
+from the templates beside them whose every figure is read from the JSON files
+(``fedmerge.study.reproductions_pages``); ``--check`` fails if a rendered page differs from the committed
+one. The README's first table, the study of record per paper table, takes its rows from the "At a glance"
+table of ``verdicts.md`` and its regime column from the JSON files; a paper table called
 evidence there whose study does not keep the regime on every seed stops the script, so a verdict cannot drift
 from the numbers silently. Its second table gives, per paper table, the confirmation on fresh seeds: a study
 JSON in the record's family with ``explored_on`` (written by ``fedmerge.study.confirmation``'s study): the
@@ -16,7 +18,8 @@ seeds that explored the settings, the fresh ones, the regime on those, and its p
 claims reproduced" (``fedmerge.study.claims``: a claim is reproduced only if every comparison it needs is),
 the failed ones named, each comparison counted once across the table, the claims declared after their runs
 marked with the times (read from git), the comparisons' own count following as the detail. A hand-written "N
-of M paper claims reproduced" in the "At a glance" table that differs from the JSON stops the script.
+of M paper claims reproduced" in the "At a glance" table that differs from the JSON stops the script (the
+template reads it from the JSON, so it can only differ in a hand-edited page).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from fedmerge.study import claims as claims_lib
+from fedmerge.study import reproductions_pages
 from fedmerge.study.claims import PaperClaim, count_text, familywise_text, mark_late, paper_claims
 from fedmerge.study.regime import FEDAVG_GAP, LOCAL_GAP
 from fedmerge.study.reproductions import PAPERS, Family, Study, load_families, revision_order, shared_words
@@ -268,8 +272,8 @@ README_INTRO = """# Small-scale reproductions
 
 Small-scale analogues of the tables of the FedMerge, SuPerFed and LIVAR papers, each run as a study
 (`studies/NAME.yaml`, its revisions inside it) by `fedmerge study` into a report and a JSON file. This file is generated
-by `scripts/reproductions_index.py` from those JSON files and from the hand-written
-[verdicts.md](verdicts.md); do not edit it.
+by `scripts/reproductions_index.py` from those JSON files and from
+[verdicts.md](verdicts.md) (itself rendered from `verdicts.md.j2`); do not edit it.
 
 ## Study of record, per paper table
 """
@@ -323,7 +327,7 @@ client's own test split. A seed keeps the regime when both bars are met:
 README_LINKS = """## More
 
 - [verdicts.md](verdicts.md): every paper claim's verdict, the figures behind it, per study family
-  (hand-written).
+  (its prose written by hand in `verdicts.md.j2`, its figures read from the JSON files).
 - [TABLES.md](TABLES.md): every study's rows side by side, mean ± std at the best-validation round and
   at the last round (generated).
 - [MOVED.md](MOVED.md): where each report, JSON file and reading was before they got a folder per
@@ -384,13 +388,16 @@ def render_tables(families: list[Family]) -> str:
 
 
 def outputs(docs: Path, root: Path | None = None) -> dict[Path, str]:
-    """What the index writes: README.md and TABLES.md under ``docs``, by path. ``root``: the repository whose
-    ``studies/`` and git history date the claims (default: the current folder)."""
+    """What the index writes: every page rendered from a template (``fedmerge.study.reproductions_pages``:
+    ``verdicts.md`` from ``verdicts.md.j2``, ...), then README.md and TABLES.md under ``docs``, by path.
+    ``root``: the repository whose ``studies/`` and git history date the claims (default: the current folder)."""
     root = Path.cwd() if root is None else root
     families = load_families(docs)
-    verdicts = (docs / "verdicts.md").read_text()
+    rendered = reproductions_pages.pages(docs)
+    verdicts_path = docs / "verdicts.md"
+    verdicts = rendered[verdicts_path] if verdicts_path in rendered else verdicts_path.read_text()
     readme = render_readme(families, verdicts, lambda study: late_declarations(study, root))
-    return {docs / "README.md": readme, docs / "TABLES.md": render_tables(families)}
+    return {**rendered, docs / "README.md": readme, docs / "TABLES.md": render_tables(families)}
 
 
 def main(argv: list[str] | None = None, root: Path | None = None) -> int:
