@@ -91,8 +91,8 @@ def main(argv: list[str] | None = None, root: Path | None = None) -> None:
     confirms = f"{args.study.as_posix()}{f' revision {study.revision}' if study.revision else ''}"
     earlier = earlier_confirmations(root, confirms, skip=out)
     for path, used in earlier:
-        if set(used) & set(args.seeds):
-            raise SystemExit(f"error: seeds {sorted(set(used) & set(args.seeds))} already confirmed this study in {path}")
+        if both := sorted(set(used) & set(args.seeds)):
+            raise SystemExit(f"error: seeds {both} already confirmed this study in {path}")
     base_path.parent.mkdir(parents=True, exist_ok=True)
     head = f"# The base of {args.study.name}'s runs ({study.base}) with: {', '.join(args.set) or 'nothing changed'}.\n"
     base_path.write_text(head + f"# Written by {GENERATOR}.\n" + yaml.safe_dump(base, sort_keys=False))
