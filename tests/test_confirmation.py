@@ -118,8 +118,9 @@ def test_a_second_confirmation_gets_its_own_name_and_must_use_seeds_no_earlier_o
     second = yaml.safe_load((root / "studies" / "confirm" / "study_tiny_wide_confirm2.yaml").read_text())
     assert (second["seeds"], second["tune_seed"]) == ([200, 201, 202], 200)
     assert second["base"] == "configs/repro/confirm/study_tiny_wide_confirm2.yaml"
-    assert "An earlier confirmation (studies/confirm/study_tiny_wide_confirm.yaml) ran seeds 100, 101, 102" in (
-        second["description"]
+    assert (
+        "An earlier confirmation (studies/confirm/study_tiny_wide_confirm.yaml) ran seeds 100, 101, 102"
+        in (second["description"])
     )
     # Same rows at the same points, same claims as the first.
     assert second["methods"] == yaml.safe_load(before)["methods"]
