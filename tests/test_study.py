@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import shutil
+import statistics
 from pathlib import Path
 
 import pytest
@@ -64,6 +66,12 @@ def without_budget_total(text: str) -> tuple[str, dict[str, int]]:
     data = json.loads(text)
     totals = {label: row.pop("budget_total") for label, row in data["rows"].items()}
     assert all(row.pop("noise_floor") is None for row in data["rows"].values())  # no per-client metrics here
+    # the 95% t interval of each row's mean over its seeds (#55), checked against the row's own values
+    for row in data["rows"].values():
+        low, high = row.pop("interval")
+        mean, sd = statistics.mean(row["best_val"]), statistics.stdev(row["best_val"])
+        half = 12.7062047362 * sd / math.sqrt(2)  # t(0.975) with 1 degree of freedom: tan(0.475 pi)
+        assert (low, high) == pytest.approx((mean - half, mean + half), abs=1e-12)
     assert [check.pop("split") for check in data["regime"]] == ["test", "test"]  # references from before
     assert (data.pop("seeds"), data.pop("explored_on"), data.pop("confirms"), data.pop("claims")) == (
         [0, 1],
