@@ -22,10 +22,10 @@ T2 = 0.95 / math.sqrt(2 * 0.975 * 0.025)  # t(0.975) with 2 degrees of freedom, 
 
 def hand_made(tmp_path: Path) -> Path:
     """Two rows on three seeds, two clients each, and the report figures computed by hand."""
-    local = {"0": [0.4, 0.6], "1": [0.5, 0.5], "2": [0.55, 0.65]}  # seed means 0.5, 0.5, 0.6
-    fedavg = {"0": [0.6, 0.8], "1": [0.6, 0.6], "2": [0.8, 0.8]}  # seed means 0.7, 0.6, 0.8
+    local = {"0": [0.4, 0.45, 0.65], "1": [0.5] * 3, "2": [0.5, 0.55, 0.75]}  # means 0.5, 0.5, 0.6 (not medians)
+    fedavg = {"0": [0.6, 0.65, 0.85], "1": [0.6] * 3, "2": [0.8] * 3}  # means 0.7, 0.6, 0.8
     rows = {
-        label: {seed: {"clients": ["0", "1"], "values": v, "test_n": [100, 100]} for seed, v in values.items()}
+        label: {seed: {"clients": ["0", "1", "2"], "values": v, "test_n": [100] * 3} for seed, v in values.items()}
         for label, values in (("Local", local), ("FedAvg", fedavg))
     }
     clients = {
