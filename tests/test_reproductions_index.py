@@ -116,6 +116,19 @@ def test_the_record_table_takes_its_regime_from_the_json(index, tmp_path):
     assert "Regime **NOT kept**: both bars met on 2 of 3 seeds (mean gaps: Local 20.0, FedAvg 9.7 points)." in tables
 
 
+def test_a_study_whose_json_gives_row_intervals_shows_them_in_its_own_column(index, tmp_path):
+    docs = toy_docs(tmp_path, "fedmerge_toy", "evidence")
+    path = docs / "fedmerge" / "toy" / "fedmerge_toy_wide.json"
+    data = json.loads(path.read_text())
+    for row in data["rows"].values():
+        row["interval"] = [0.4, 0.8]  # as a report since #55 writes it (fractions)
+    path.write_text(json.dumps(data))
+    tables = index.outputs(docs)[docs / "TABLES.md"]
+    assert "| Local | 2 | 60.0 ± 14.1 | [40.0, 80.0] | 25.0 ± 0.0 |" in tables
+    assert "| method | seeds | at best val (%) | 95% interval over seeds (%) | last round (%) |" in tables
+    assert "| Local | 2 | 60.0 ± 14.1 | 25.0 ± 0.0 |" in tables  # the first revision's JSON has none
+
+
 def test_the_confirmation_table_gives_seeds_regime_and_claim_verdicts_per_paper_table(index, tmp_path):
     docs = toy_docs(tmp_path, "fedmerge_toy", "evidence")
     readme = index.outputs(docs)[docs / "README.md"]

@@ -74,9 +74,24 @@ def study_section(study: Study) -> list[str]:
         "| method | seeds | at best val (%) | last round (%) |",
         "|---|---|---|---|",
     ]
+    # reports made since #55 give each row's 95% t interval over its seeds: a column of its own there
+    intervals = any("interval" in row for row in data["rows"].values())
+    if intervals:
+        lines[-2:] = [
+            "| method | seeds | at best val (%) | 95% interval over seeds (%) | last round (%) |",
+            "|---|---|---|---|---|",
+        ]
     for label, row in data["rows"].items():
-        lines.append(f"| {label} | {len(row['seeds'])} | {pct(row['best_val'])} | {pct(row['last'])} |")
+        cells = [label, str(len(row["seeds"])), pct(row["best_val"])]
+        if intervals:
+            cells.append(interval_text(row.get("interval")))
+        lines.append(f"| {' | '.join([*cells, pct(row['last'])])} |")
     return [*lines, ""]
+
+
+def interval_text(interval: list[float] | None) -> str:
+    """A row's interval (fractions) in percent, or "-" (one seed)."""
+    return f"[{100 * interval[0]:.1f}, {100 * interval[1]:.1f}]" if interval else "-"
 
 
 def glance_rows(verdicts: str) -> list[list[str]]:
