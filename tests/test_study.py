@@ -325,7 +325,10 @@ def test_running_the_study_and_then_its_revision_gives_the_old_scripts_reports(t
         assert [c["split"] for c in data["regime"]] == ["val", "val"]
         for label, row in data["rows"].items():
             assert row["noise_floor"] > 0  # fresh runs hold per-client test sizes
-            fresh = {k: v for k, v in row.items() if k not in ("budget_total", "noise_floor")}
+            mean, sd = statistics.mean(row["best_val"]), statistics.stdev(row["best_val"])
+            half = 12.7062047362 * sd / math.sqrt(2)  # t(0.975) with 1 degree of freedom
+            assert row["interval"] == pytest.approx([mean - half, mean + half], abs=1e-12)
+            fresh = {k: v for k, v in row.items() if k not in ("budget_total", "noise_floor", "interval")}
             assert json_close(fresh, old["rows"][label])
     status = [json.loads(line) for line in (tmp_path / "runs/repro/study_tiny/status.jsonl").read_text().splitlines()]
     assert [s["status"] for s in status] == ["done"] * 6
