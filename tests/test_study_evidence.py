@@ -219,6 +219,7 @@ def test_a_rows_interval_is_students_t_over_its_seeds_means():
     half = 0.95 / math.sqrt(2 * 0.975 * 0.025) * 0.1 / math.sqrt(3)
     assert row_interval([0.5, 0.6, 0.7]) == pytest.approx((0.6 - half, 0.6 + half), abs=1e-12)
     assert row_interval([0.5]) is None
+    assert row_interval([0.5, float("nan"), 0.6, 0.7]) == pytest.approx((0.6 - half, 0.6 + half), abs=1e-12)
 
 
 def test_a_claim_on_newcomers_is_judged_by_the_newcomers_own_per_client_differences(tmp_path):

@@ -67,7 +67,8 @@ def noise_floor(study: Study, runs: Path, label: str, point: int) -> float | Non
 
 def row_interval(values: list[float]) -> tuple[float, float] | None:
     """The 95% interval of a row's mean over its seeds' values: Student's t with n - 1 degrees of freedom
-    (the seed-to-seed spread included); None on fewer than 2 seeds."""
+    (the seed-to-seed spread included); None on fewer than 2 seeds with a value (NaN: none)."""
+    values = [v for v in values if v == v]
     if len(values) < 2:
         return None
     _, low, high = paired_t_interval(values)
