@@ -294,7 +294,11 @@ README_CONFIRM = """## Confirmation on fresh seeds, per paper table
 Settings are explored on some seeds and confirmed on fresh ones that informed no choice; only the
 confirmation seeds decide a claim. A comparison's verdict is the 95% interval of the paired difference
 of its two rows: reproduced above zero, level across it, not reproduced below (the confirmation report
-gives each). A paper claim (the comparisons its study file lists under one `paper` text) is reproduced
+gives each). Reports made since #55 take Student's t over the seeds for every claim on two seeds or more
+and publish their per-client values (`STUDY.clients.json`, recomputed by `python -m
+fedmerge.study.recompute STUDY.json`); earlier ones took the two-level bootstrap where each seed had 10
+clients or more, a median 0.74x as wide on 5 seeds (the guide's "The interval rule",
+[../guide/studies.md](../guide/studies.md)). A paper claim (the comparisons its study file lists under one `paper` text) is reproduced
 only if every comparison it needs is; the table counts paper claims and names the failed ones, the
 comparisons' own count following as the detail. Each comparison is counted once: a claim whose
 comparisons all have the figures of ones counted in an earlier row (the same rows, bit for bit) is not
