@@ -298,8 +298,8 @@ gives each). Reports made since #55 take Student's t over the seeds for every cl
 and publish their per-client values (`STUDY.clients.json`, recomputed by `python -m
 fedmerge.study.recompute STUDY.json`); earlier ones took the two-level bootstrap where each seed had 10
 clients or more, a median 0.74x as wide on 5 seeds (the guide's "The interval rule",
-[../guide/studies.md](../guide/studies.md)). A paper claim (the comparisons its study file lists under one `paper` text) is reproduced
-only if every comparison it needs is; the table counts paper claims and names the failed ones, the
+[../guide/studies.md](../guide/studies.md)). A paper claim (the comparisons its study file lists under
+one `paper` text) is reproduced only if every comparison it needs is; the table counts paper claims and names the failed ones, the
 comparisons' own count following as the detail. Each comparison is counted once: a claim whose
 comparisons all have the figures of ones counted in an earlier row (the same rows, bit for bit) is not
 counted again. A claim that its study file (or the study it confirms) did not yet declare at the earliest
