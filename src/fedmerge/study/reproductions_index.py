@@ -299,13 +299,13 @@ and publish their per-client values (`STUDY.clients.json`, recomputed by `python
 fedmerge.study.recompute STUDY.json`); earlier ones took the two-level bootstrap where each seed had 10
 clients or more, a median 0.74x as wide on 5 seeds (the guide's "The interval rule",
 [../guide/studies.md](../guide/studies.md)). A paper claim (the comparisons its study file lists under
-one `paper` text) is reproduced only if every comparison it needs is; the table counts paper claims and names the failed ones, the
-comparisons' own count following as the detail. Each comparison is counted once: a claim whose
-comparisons all have the figures of ones counted in an earlier row (the same rows, bit for bit) is not
-counted again. A claim that its study file (or the study it confirms) did not yet declare at the earliest
-commit its runs recorded is marked **declared after its runs**, with the time of the commit that first
-declared it. "(read test)": that regime check read the test split, as checks did before it read
-validation only.
+one `paper` text) is reproduced only if every comparison it needs is; the table counts paper claims and
+names the failed ones, the comparisons' own count following as the detail. Each comparison is counted
+once: a claim whose comparisons all have the figures of ones counted in an earlier row (the same rows,
+bit for bit) is not counted again. A claim that its study file (or the study it confirms) did not yet
+declare at the earliest commit its runs recorded is marked **declared after its runs**, with the time of
+the commit that first declared it. "(read test)": that regime check read the test split, as checks did
+before it read validation only.
 """
 
 README_PROTOCOL = """A paper table's verdicts can be **evidence** only where its study keeps the regime on every seed
