@@ -99,3 +99,30 @@ def test_the_script_at_its_old_path_writes_into_its_own_checkout(tmp_path):
     data = yaml.safe_load((root / "studies" / "confirm" / "study_tiny_wide_confirm.yaml").read_text())
     assert data["methods"][0]["grid"] == {"algorithm.lr": [0.2]}
     assert (root / "configs" / "repro" / "confirm" / "study_tiny_wide_confirm.yaml").exists()
+
+
+def test_a_second_confirmation_gets_its_own_name_and_must_use_seeds_no_earlier_one_ran(tmp_path, monkeypatch):
+    root = tiny_repository(tmp_path)
+    monkeypatch.chdir(root)
+    main(["studies/study_tiny.yaml", "--seeds", "100-102"], root=root)
+    first = root / "studies" / "confirm" / "study_tiny_wide_confirm.yaml"
+    before = first.read_text()
+    # The same name again is refused: the committed confirmation is never rewritten behind its runs.
+    with pytest.raises(SystemExit, match=r"study_tiny_wide_confirm\.yaml exists; give another --name"):
+        main(["studies/study_tiny.yaml", "--seeds", "200-202"], root=root)
+    assert first.read_text() == before
+    # Seeds an earlier confirmation of the same study ran are refused (102 is in both).
+    with pytest.raises(SystemExit, match=r"seeds \[102\] already confirmed this study in studies/confirm/study_tiny"):
+        main(["studies/study_tiny.yaml", "--seeds", "102-104", "--name", "study_tiny_wide_confirm2"], root=root)
+    main(["studies/study_tiny.yaml", "--seeds", "200-202", "--name", "study_tiny_wide_confirm2"], root=root)
+    second = yaml.safe_load((root / "studies" / "confirm" / "study_tiny_wide_confirm2.yaml").read_text())
+    assert (second["seeds"], second["tune_seed"]) == ([200, 201, 202], 200)
+    assert second["base"] == "configs/repro/confirm/study_tiny_wide_confirm2.yaml"
+    assert (
+        "An earlier confirmation (studies/confirm/study_tiny_wide_confirm.yaml) ran seeds 100, 101, 102"
+        in (second["description"])
+    )
+    # Same rows at the same points, same claims as the first.
+    assert second["methods"] == yaml.safe_load(before)["methods"]
+    assert second["claims"] == yaml.safe_load(before)["claims"]
+    assert first.read_text() == before

@@ -116,6 +116,26 @@ def test_the_record_table_takes_its_regime_from_the_json(index, tmp_path):
     assert "Regime **NOT kept**: both bars met on 2 of 3 seeds (mean gaps: Local 20.0, FedAvg 9.7 points)." in tables
 
 
+def test_a_study_whose_json_gives_row_intervals_shows_them_in_its_own_column(index, tmp_path):
+    docs = toy_docs(tmp_path, "fedmerge_toy", "evidence")
+    path = docs / "fedmerge" / "toy" / "fedmerge_toy_wide.json"
+    data = json.loads(path.read_text())
+    for row in data["rows"].values():
+        row["interval"] = [0.4, 0.8]  # as a report since #55 writes it (fractions)
+    path.write_text(json.dumps(data))
+    tables = index.outputs(docs)[docs / "TABLES.md"]
+    assert "| Local | 2 | 60.0 ± 14.1 | [40.0, 80.0] | 25.0 ± 0.0 |" in tables
+    assert "| method | seeds | at best val (%) | 95% interval over seeds (%) | last round (%) |" in tables
+    assert "| Local | 2 | 60.0 ± 14.1 | 25.0 ± 0.0 |" in tables  # the first revision's JSON has none
+
+
+def test_a_reports_per_client_values_are_not_read_as_a_study(index, tmp_path):
+    docs = toy_docs(tmp_path, "fedmerge_toy", "evidence")
+    before = index.outputs(docs)
+    (docs / "fedmerge" / "toy" / "fedmerge_toy_wide.clients.json").write_text('{"rows": {}}')
+    assert index.outputs(docs) == before
+
+
 def test_the_confirmation_table_gives_seeds_regime_and_claim_verdicts_per_paper_table(index, tmp_path):
     docs = toy_docs(tmp_path, "fedmerge_toy", "evidence")
     readme = index.outputs(docs)[docs / "README.md"]
@@ -192,7 +212,10 @@ def test_every_report_sits_in_a_paper_and_family_folder_with_its_json_and_a_hist
     assert {p.name for p in DOCS.glob("*.md")} == TOP_LEVEL
     assert not list(DOCS.glob("*.json"))
     reports = {p.with_suffix("") for p in DOCS.glob("*/*/*.md") if p.name not in HAND_WRITTEN}
-    assert reports == {p.with_suffix("") for p in DOCS.glob("*/*/*.json")}
+    clients = {p for p in DOCS.glob("*/*/*.json") if p.name.endswith(".clients.json")}
+    assert reports == {p.with_suffix("") for p in DOCS.glob("*/*/*.json") if p not in clients}
+    # per-client values (#55) sit beside their report's JSON: STUDY.clients.json next to STUDY.json
+    assert all(p.with_name(p.name.removesuffix(".clients.json") + ".json").exists() for p in clients)
     assert len(reports) >= 39  # the 39 moved with their folders, and the studies run since
     for family in {p.parent for p in reports}:
         assert (family / "HISTORY.md").exists(), family

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import shutil
+import statistics
 from pathlib import Path
 
 import pytest
@@ -64,6 +66,12 @@ def without_budget_total(text: str) -> tuple[str, dict[str, int]]:
     data = json.loads(text)
     totals = {label: row.pop("budget_total") for label, row in data["rows"].items()}
     assert all(row.pop("noise_floor") is None for row in data["rows"].values())  # no per-client metrics here
+    # the 95% t interval of each row's mean over its seeds (#55), checked against the row's own values
+    for row in data["rows"].values():
+        low, high = row.pop("interval")
+        mean, sd = statistics.mean(row["best_val"]), statistics.stdev(row["best_val"])
+        half = 12.7062047362 * sd / math.sqrt(2)  # t(0.975) with 1 degree of freedom: tan(0.475 pi)
+        assert (low, high) == pytest.approx((mean - half, mean + half), abs=1e-12)
     assert [check.pop("split") for check in data["regime"]] == ["test", "test"]  # references from before
     assert (data.pop("seeds"), data.pop("explored_on"), data.pop("confirms"), data.pop("claims")) == (
         [0, 1],
@@ -248,6 +256,11 @@ def fingerprint(study) -> dict:
     return {"settings": digest(settings), "rows": {label: digest(runs) for label, runs in rows.items()}}
 
 
+def claims_digest(study) -> str:
+    """A confirmation's claims, pinned when it is committed before its runs (they must not move afterwards)."""
+    return digest([[c.paper, c.higher, c.lower] for c in study.claims])
+
+
 def test_every_former_study_file_expands_to_the_same_runs_and_report_settings(monkeypatch):
     monkeypatch.chdir(ROOT)
     old = json.loads((DATA / "study_expansions.json").read_text())
@@ -257,9 +270,13 @@ def test_every_former_study_file_expands_to_the_same_runs_and_report_settings(mo
         assert path.is_file(), name
         if path not in files:
             files[path] = load_study_file(path)  # validates every revision
-        got = fingerprint(files[path].at(revision or "first"))
+        study = files[path].at(revision or "first")
+        got = fingerprint(study)
+        if "claims" in want:  # entries pinned with their claims (confirmations committed before any run)
+            got["claims"] = claims_digest(study)
         assert got == want, name
-    assert {p.name for p in files} == {p.name for p in (ROOT / "studies").glob("*.yaml")}  # none left out
+    top = {p.name for p in files if p.parent.name == "studies"}
+    assert top == {p.name for p in (ROOT / "studies").glob("*.yaml")}  # none left out
 
 
 def test_the_first_study_file_runs_folders_are_the_old_ones():
@@ -308,7 +325,10 @@ def test_running_the_study_and_then_its_revision_gives_the_old_scripts_reports(t
         assert [c["split"] for c in data["regime"]] == ["val", "val"]
         for label, row in data["rows"].items():
             assert row["noise_floor"] > 0  # fresh runs hold per-client test sizes
-            fresh = {k: v for k, v in row.items() if k not in ("budget_total", "noise_floor")}
+            mean, sd = statistics.mean(row["best_val"]), statistics.stdev(row["best_val"])
+            half = 12.7062047362 * sd / math.sqrt(2)  # t(0.975) with 1 degree of freedom
+            assert row["interval"] == pytest.approx([mean - half, mean + half], abs=1e-12)
+            fresh = {k: v for k, v in row.items() if k not in ("budget_total", "noise_floor", "interval")}
             assert json_close(fresh, old["rows"][label])
     status = [json.loads(line) for line in (tmp_path / "runs/repro/study_tiny/status.jsonl").read_text().splitlines()]
     assert [s["status"] for s in status] == ["done"] * 6

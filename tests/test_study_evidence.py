@@ -18,7 +18,7 @@ from fedmerge.core.training import LocalTraining
 from fedmerge.data.federated import ClientData, FederatedDataset
 from fedmerge.metrics.intervals import LEVEL, NOT_REPRODUCED, REPRODUCED, bootstrap_interval, paired_t_interval, verdict
 from fedmerge.metrics.noise import mean_accuracy_standard_error
-from fedmerge.study.evidence import judge, noise_floor
+from fedmerge.study.evidence import judge, noise_floor, row_interval
 from fedmerge.study.protocol import Conducted
 from fedmerge.study.regime import TEST, VAL, central_reference
 from fedmerge.study.report import _regime_checks, budget_history, budget_text, budget_total, report, results_json
@@ -155,22 +155,71 @@ def two_row_study(seeds: list[int], claims: list[Claim] | None = None) -> Study:
 CHOSEN = {"Local": 0, "FedAvg": 0}
 
 
-def test_a_claim_with_many_clients_is_judged_by_the_bootstrap_of_the_per_client_differences(tmp_path):
+def test_a_claim_on_several_seeds_is_judged_by_the_paired_t_with_the_bootstrap_as_its_detail(tmp_path):
+    """The rule (docs/guide/studies.md): a paired t over the seeds' differences decides; the two-level
+    bootstrap of the per-client differences is shown beside it and decides nothing."""
     rng = np.random.default_rng(0)
-    per_client = []
+    per_client, local_means, fedavg_means = [], [], []
     for seed in (0, 1, 2):
         local = rng.uniform(0.4, 0.6, size=12)
         fedavg = local + rng.normal(0.05, 0.02, size=12)
         write_run(tmp_path, run_key("Local", 0, seed), list(local))
         write_run(tmp_path, run_key("FedAvg", 0, seed), list(fedavg))
         per_client.append(list(fedavg - local))
+        local_means.append(local.mean())
+        fedavg_means.append(fedavg.mean())
     got = judge(two_row_study([0, 1, 2]), tmp_path, CHOSEN, Claim(higher="FedAvg", lower="Local"))
-    estimate, low, high = bootstrap_interval(per_client)
-    assert got["method"] == "bootstrap" and got["why"] == "3 seeds x 12 clients"
-    assert (got["difference"], got["low"], got["high"]) == pytest.approx((100 * estimate, 100 * low, 100 * high))
+    ci = stats.ttest_rel(fedavg_means, local_means).confidence_interval(0.95)  # scipy's, not ours
+    assert got["method"] == "paired t" and got["why"] == "3 seeds x 12 clients"
+    assert (got["low"], got["high"]) == pytest.approx((100 * ci.low, 100 * ci.high), abs=1e-9)
+    assert got["difference"] == pytest.approx(100 * (np.mean(fedavg_means) - np.mean(local_means)), abs=1e-9)
+    _, b_low, b_high = bootstrap_interval(per_client)
+    assert (got["bootstrap_low"], got["bootstrap_high"]) == pytest.approx((100 * b_low, 100 * b_high))
+    assert got["high"] - got["low"] > got["bootstrap_high"] - got["bootstrap_low"]  # 3 seeds: the t is wider
     assert got["verdict"] == REPRODUCED and got["low"] > 0
     flipped = judge(two_row_study([0, 1, 2]), tmp_path, CHOSEN, Claim(higher="Local", lower="FedAvg"))
     assert flipped["verdict"] == NOT_REPRODUCED and flipped["high"] == pytest.approx(-got["low"])
+
+
+def test_the_verdict_follows_the_t_where_the_bootstrap_alone_would_call_it_reproduced(tmp_path):
+    """Per-seed differences of 4.0, -1.0, 4.5, 3.5 and 0.5 points, the same for all 40 clients of a seed: the
+    bootstrap (seeds drawn with the plug-in spread and no t correction) lies above zero, the t over the 5
+    seeds (hand-computed) contains it, and the verdict is level."""
+    diffs = [0.040, -0.010, 0.045, 0.035, 0.005]
+    for seed, d in enumerate(diffs):
+        base = [0.5 + 0.001 * (c % 5) for c in range(40)]
+        write_run(tmp_path, run_key("Local", 0, seed), base, test_n=150)
+        write_run(tmp_path, run_key("FedAvg", 0, seed), [b + d for b in base], test_n=150)
+    got = judge(two_row_study([0, 1, 2, 3, 4]), tmp_path, CHOSEN, Claim(higher="FedAvg", lower="Local"))
+    mean = sum(diffs) / 5  # 0.023
+    sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / 4)
+    half = 2.7764451052 * sd / math.sqrt(5)  # t(0.975, 4 df), from tables
+    assert (got["difference"], got["low"], got["high"]) == pytest.approx(
+        (100 * mean, 100 * (mean - half), 100 * (mean + half)), abs=1e-9
+    )
+    assert got["low"] < 0 < got["bootstrap_low"]  # the bootstrap alone would have said reproduced
+    assert got["verdict"] == LEVEL
+
+
+def test_on_one_seed_a_claim_is_judged_by_the_bootstrap_over_its_clients_and_says_it_lacks_the_seed_spread(
+    tmp_path,
+):
+    write_run(tmp_path, run_key("Local", 0, 0), [0.5] * 10)
+    write_run(tmp_path, run_key("FedAvg", 0, 0), [0.5] * 5 + [0.6] * 5)
+    got = judge(two_row_study([0]), tmp_path, CHOSEN, Claim(higher="FedAvg", lower="Local"))
+    assert got["method"] == "bootstrap over clients" and "no seed-to-seed spread" in got["why"]
+    # differences 0 and 0.1, five each: the resampled mean is 0.1 * Binomial(10, 1/2) / 10, whose 2.5% and
+    # 97.5% points are 0.02 and 0.08 (P(X <= 1) = 11/1024 < 0.025 < P(X <= 2) = 56/1024)
+    assert (got["difference"], got["low"], got["high"]) == pytest.approx((5.0, 2.0, 8.0), abs=1e-9)
+    assert "bootstrap_low" not in got and got["verdict"] == REPRODUCED
+
+
+def test_a_rows_interval_is_students_t_over_its_seeds_means():
+    # values 0.5, 0.6, 0.7: mean 0.6, sd 0.1; t(0.975, 2 df) = 0.95 / sqrt(2 * 0.975 * 0.025) in closed form
+    half = 0.95 / math.sqrt(2 * 0.975 * 0.025) * 0.1 / math.sqrt(3)
+    assert row_interval([0.5, 0.6, 0.7]) == pytest.approx((0.6 - half, 0.6 + half), abs=1e-12)
+    assert row_interval([0.5]) is None
+    assert row_interval([0.5, float("nan"), 0.6, 0.7]) == pytest.approx((0.6 - half, 0.6 + half), abs=1e-12)
 
 
 def test_a_claim_on_newcomers_is_judged_by_the_newcomers_own_per_client_differences(tmp_path):
@@ -191,8 +240,9 @@ def test_a_claim_on_newcomers_is_judged_by_the_newcomers_own_per_client_differen
     study = two_row_study([0, 1, 2])
     study = study.model_copy(update={"metric": study.metric.model_copy(update={"scope": "unseen"})})
     got = judge(study, tmp_path, CHOSEN, Claim(higher="FedAvg", lower="Local"))
-    assert got["method"] == "bootstrap" and got["why"] == "3 seeds x 10 clients"
+    assert got["method"] == "paired t" and got["why"] == "3 seeds x 10 clients"
     assert (got["difference"], got["low"], got["high"]) == pytest.approx((10.0, 10.0, 10.0))
+    assert (got["bootstrap_low"], got["bootstrap_high"]) == pytest.approx((10.0, 10.0))
     assert got["per_seed"] == pytest.approx([10.0] * 3) and got["verdict"] == REPRODUCED
 
 
@@ -203,7 +253,8 @@ def test_a_claim_with_few_clients_is_judged_by_a_paired_t_over_seeds(tmp_path):
         write_run(tmp_path, run_key("FedAvg", 0, seed), [fedavg - 0.1, fedavg, fedavg + 0.1])
     got = judge(two_row_study([0, 1, 2]), tmp_path, CHOSEN, Claim(higher="FedAvg", lower="Local"))
     ci = stats.ttest_rel([f for _, f in means.values()], [lo for lo, _ in means.values()]).confidence_interval()
-    assert got["method"] == "paired t" and "3 clients in a seed, too few to resample" in got["why"]
+    assert got["method"] == "paired t" and got["why"] == "3 seeds x 3 clients"
+    assert "bootstrap_low" not in got  # too few clients for the detail
     assert (got["low"], got["high"]) == pytest.approx((100 * ci.low, 100 * ci.high))
     assert got["per_seed"] == pytest.approx([2.0, -1.0, 3.0])
     assert got["verdict"] == LEVEL

@@ -108,7 +108,10 @@ def study(
         )
         if out_path is not None:
             write(done, out_path)
-            notice(f"report in {out_path} (numbers in {out_path.with_suffix('.json')})")
+            notice(
+                f"report in {out_path} (numbers in {out_path.with_suffix('.json')}, "
+                f"per-client values in {out_path.with_suffix('.clients.json')})"
+            )
         else:
             sys.stdout.write(report(done))
     except user_errors() as exc:

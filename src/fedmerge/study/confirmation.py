@@ -12,6 +12,10 @@ says each row chose (``docs/reproductions/*/*/STUDY[_REV].json``), and writes
 ``studies/confirm/NAME.yaml``: one point per row, the exploration's reference settings (its learning
 rates written out, since the Local row now has one), ``explored_on`` = every seed the exploration
 used, ``confirms`` = the study and revision, and its ``claims``. The chosen points are never chosen again.
+
+A second confirmation of the same study (``--name``, e.g. ``STUDY_REV_confirm2``) must use seeds no earlier
+confirmation in studies/confirm/ ran; its description names them. Existing files are never overwritten
+(without ``--force``): a confirmation is committed, claims included, before any of its runs.
 """
 
 from __future__ import annotations
@@ -34,6 +38,19 @@ def seeds(text: str) -> list[int]:
     return list(range(int(lo), int(hi or lo) + 1))
 
 
+def earlier_confirmations(root: Path, confirms: str, skip: Path) -> list[tuple[str, list[int]]]:
+    """The other confirmation files in studies/confirm/ of the same study and revision, with their seeds."""
+    found = []
+    for path in sorted((root / "studies" / "confirm").glob("*.yaml")):
+        if path == skip:
+            continue
+        data = yaml.safe_load(path.read_text()) or {}
+        if data.get("confirms") == confirms:
+            used = {*data.get("seeds", []), data.get("tune_seed", None)} - {None}
+            found.append((path.relative_to(root).as_posix(), sorted(used)))
+    return found
+
+
 def main(argv: list[str] | None = None, root: Path | None = None) -> None:
     """The command; ``root``: the repository root (default: the current folder)."""
     root = Path.cwd() if root is None else root
@@ -42,6 +59,11 @@ def main(argv: list[str] | None = None, root: Path | None = None) -> None:
     ap.add_argument("--revision", default=LATEST)
     ap.add_argument("--seeds", type=seeds, default=seeds("100-104"))
     ap.add_argument("--set", action="append", default=[], help="KEY=VALUE added to the base config")
+    ap.add_argument(
+        "--name",
+        help="the files' name (default STUDY[_REV]_confirm); a second confirmation on other seeds needs its own",
+    )
+    ap.add_argument("--force", action="store_true", help="overwrite files of that name")
     args = ap.parse_args(argv)
 
     history = load_study_file(args.study).history(args.revision)
@@ -60,8 +82,17 @@ def main(argv: list[str] | None = None, root: Path | None = None) -> None:
             node = node.setdefault(key, {})
         node[path[-1]] = value
     base["name"] = f"{base['name']}-confirm"
-    confirm_name = f"{name}_confirm"
+    confirm_name = args.name or f"{name}_confirm"
     base_path = root / "configs" / "repro" / "confirm" / f"{confirm_name}.yaml"
+    out = root / "studies" / "confirm" / f"{confirm_name}.yaml"
+    if not args.force and (out.exists() or base_path.exists()):
+        # a confirmation's file is committed before its runs; writing over it would silently change what they test
+        raise SystemExit(f"error: {out.relative_to(root)} exists; give another --name (or --force to replace it)")
+    confirms = f"{args.study.as_posix()}{f' revision {study.revision}' if study.revision else ''}"
+    earlier = earlier_confirmations(root, confirms, skip=out)
+    for path, used in earlier:
+        if both := sorted(set(used) & set(args.seeds)):
+            raise SystemExit(f"error: seeds {both} already confirmed this study in {path}")
     base_path.parent.mkdir(parents=True, exist_ok=True)
     head = f"# The base of {args.study.name}'s runs ({study.base}) with: {', '.join(args.set) or 'nothing changed'}.\n"
     base_path.write_text(head + f"# Written by {GENERATOR}.\n" + yaml.safe_dump(base, sort_keys=False))
@@ -85,7 +116,12 @@ def main(argv: list[str] | None = None, root: Path | None = None) -> None:
         "description": (
             f"The rows of {args.study.name}{f' (revision {study.revision})' if study.revision else ''} at the points "
             f"they chose on seed {study.tuning_seed}, run on seeds {args.seeds[0]}-{args.seeds[-1]}, none of which "
-            f"informed any setting (the study was explored on seeds {explored}). Base changes: "
+            f"informed any setting (the study was explored on seeds {explored}). "
+            + "".join(
+                f"An earlier confirmation ({path}) ran seeds {', '.join(map(str, used))}; these seeds are new to it. "
+                for path, used in earlier
+            )
+            + "Base changes: "
             f"{', '.join(args.set) or 'none'}. "
             + (
                 "Reference-mode rows keep the former head rule they were explored with (algorithm.merge_grad=head). "
@@ -98,7 +134,7 @@ def main(argv: list[str] | None = None, root: Path | None = None) -> None:
         "seeds": args.seeds,
         "tune_seed": args.seeds[0],
         "explored_on": explored,
-        "confirms": f"{args.study.as_posix()}{f' revision {study.revision}' if study.revision else ''}",
+        "confirms": confirms,
         "columns": study.columns,
         "metric": study.metric.model_dump(),
         "regime": regime,
@@ -107,7 +143,6 @@ def main(argv: list[str] | None = None, root: Path | None = None) -> None:
         "claims": [claim.model_dump() for claim in study.claims],  # judged again, on the fresh seeds
         "methods": rows,
     }
-    out = root / "studies" / "confirm" / f"{confirm_name}.yaml"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(
         f"# Written by {GENERATOR}; do not tune on these seeds.\n" + yaml.safe_dump(spec, sort_keys=False, width=110)

@@ -18,7 +18,14 @@ from fedmerge.run.provenance import read_provenance
 from fedmerge.run.results import SUMMARY_FILE
 from fedmerge.run.run_records import ParameterBudget, RunSummary, as_summary, read_summary
 from fedmerge.study.claims import count_text, git_root, late_declarations, mark_late, paper_claims
-from fedmerge.study.evidence import BOOTSTRAP_RESAMPLES, MIN_BOOTSTRAP_CLIENTS, judge, noise_floor
+from fedmerge.study.evidence import (
+    BOOTSTRAP_RESAMPLES,
+    MIN_BOOTSTRAP_CLIENTS,
+    client_values,
+    judge,
+    noise_floor,
+    row_interval,
+)
 from fedmerge.study.protocol import Conducted, extra_score, score_on_test, summary_of, val_score
 from fedmerge.study.regime import (
     FEDAVG_GAP,
@@ -259,6 +266,8 @@ def results_json(done: Conducted) -> dict[str, Any]:
             "ari": [a for _, s, _ in rr if (a := ari_of(s)) is not None],
             "budget_total": totals[m.label],
             "noise_floor": floors[m.label],
+            # the 95% t interval of the best-val mean over the seeds (fractions); None on one seed
+            "interval": row_interval([score_on_test(study, s) for _, s, _ in rr]),
             # only where true: a private row's JSON stays as published before the mark existed
             **({"not_private": True} if not_private(rr) else {}),
         }
@@ -343,6 +352,34 @@ def _results_rows(done: Conducted) -> list[dict[str, Any]]:
     return rows
 
 
+def _uncertainty_rows(done: Conducted) -> list[dict[str, Any]]:
+    """Per row with a finished seed: its best-val mean (%), the 95% t interval over the seeds, the seeds'
+    standard deviation and the one-seed noise floor (points), and how many floors the spread is."""
+    study, floors = done.study, _noise_floors(done)
+    rows = []
+    for m in study.methods:
+        values = [
+            100 * score_on_test(study, s) for _, s, _ in row_runs(study, done.runs, m.label, done.chosen[m.label])
+        ]
+        if not values:
+            continue
+        interval = row_interval(values)
+        spread = statistics.stdev(values) if len(values) > 1 else None
+        floor = 100 * floors[m.label] if floors[m.label] is not None else None
+        rows.append(
+            {
+                "label": m.label,
+                "seeds": len(values),
+                "mean": f"{statistics.mean(values):.1f}",
+                "interval": f"[{interval[0]:.1f}, {interval[1]:.1f}]" if interval else "- (one seed)",
+                "spread": f"{spread:.2f}" if spread is not None else "-",
+                "floor": f"{floor:.2f}" if floor is not None else "-",
+                "ratio": f"{spread / floor:.1f}x" if spread is not None and floor else "-",
+            }
+        )
+    return rows
+
+
 def _tuning_rows(done: Conducted) -> list[dict[str, Any]]:
     study, runs, chosen = done.study, done.runs, done.chosen
     rows = []
@@ -414,6 +451,7 @@ def report(done: Conducted) -> str:
         what=WHAT[study.metric.name],
         budget=len(study.methods[0].points()),
         rows=_results_rows(done),
+        uncertainty=_uncertainty_rows(done),
         tuning=_tuning_rows(done),
         shown=shown,
         commands=_commands(done, shown),
@@ -428,7 +466,27 @@ def report(done: Conducted) -> str:
     )
 
 
+def clients_path(out: Path) -> Path:
+    """Where a report's per-client values go: ``REPORT.clients.json`` beside ``REPORT.json``."""
+    return out.with_suffix(".clients.json")
+
+
+def clients_json(done: Conducted) -> str:
+    """The per-client values (``fedmerge.study.evidence.client_values``) as a compact JSON text: one line
+    per row and seed, so that a change to one client shows as one changed line."""
+    data = client_values(done.study, done.runs, done.chosen)
+    rows = data.pop("rows")
+    head = json.dumps(data)[:-1]
+    lines = []
+    for label, seeds in rows.items():
+        inner = ",\n".join(f"  {json.dumps(seed)}: {json.dumps(values)}" for seed, values in seeds.items())
+        lines.append(f" {json.dumps(label)}: {{\n{inner}\n }}" if seeds else f" {json.dumps(label)}: {{}}")
+    return head + ', "rows": {\n' + ",\n".join(lines) + "\n}}\n"
+
+
 def write(done: Conducted, out: Path) -> None:
-    """The report at ``out`` and its numbers next to it (``.json``)."""
+    """The report at ``out``, its numbers next to it (``.json``) and the per-client values every interval
+    is recomputed from (``.clients.json``, read by ``python -m fedmerge.study.recompute``)."""
     out.write_text(report(done))
     out.with_suffix(".json").write_text(json.dumps(results_json(done), indent=1))
+    clients_path(out).write_text(clients_json(done))

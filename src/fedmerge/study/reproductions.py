@@ -127,12 +127,16 @@ def revision_order(names: list[str]) -> list[str]:
     return sorted(names, key=key)
 
 
+CLIENTS_SUFFIX = ".clients.json"  # fedmerge.study.report.clients_path
+
+
 def load_families(docs: Path) -> list[Family]:
-    """Every ``PAPER/FAMILY/*.json`` under ``docs``, papers in ``PAPERS`` order, families by name."""
+    """Every ``PAPER/FAMILY/*.json`` under ``docs``, papers in ``PAPERS`` order, families by name; a report's
+    per-client values (``STUDY.clients.json``, beside its JSON) are not a study."""
     families = []
     for paper in PAPERS:
         for folder in sorted(p for p in (docs / paper).glob("*") if p.is_dir()):
-            by_name = {p.stem: p for p in folder.glob("*.json")}
+            by_name = {p.stem: p for p in folder.glob("*.json") if not p.name.endswith(CLIENTS_SUFFIX)}
             if not by_name:
                 continue
             family = Family(paper, folder)

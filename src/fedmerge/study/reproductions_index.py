@@ -78,9 +78,24 @@ def study_section(study: Study) -> list[str]:
         "| method | seeds | at best val (%) | last round (%) |",
         "|---|---|---|---|",
     ]
+    # reports made since #55 give each row's 95% t interval over its seeds: a column of its own there
+    intervals = any("interval" in row for row in data["rows"].values())
+    if intervals:
+        lines[-2:] = [
+            "| method | seeds | at best val (%) | 95% interval over seeds (%) | last round (%) |",
+            "|---|---|---|---|---|",
+        ]
     for label, row in data["rows"].items():
-        lines.append(f"| {label} | {len(row['seeds'])} | {pct(row['best_val'])} | {pct(row['last'])} |")
+        cells = [label, str(len(row["seeds"])), pct(row["best_val"])]
+        if intervals:
+            cells.append(interval_text(row.get("interval")))
+        lines.append(f"| {' | '.join([*cells, pct(row['last'])])} |")
     return [*lines, ""]
+
+
+def interval_text(interval: list[float] | None) -> str:
+    """A row's interval (fractions) in percent, or "-" (one seed)."""
+    return f"[{100 * interval[0]:.1f}, {100 * interval[1]:.1f}]" if interval else "-"
 
 
 def glance_rows(verdicts: str) -> list[list[str]]:
@@ -283,14 +298,18 @@ README_CONFIRM = """## Confirmation on fresh seeds, per paper table
 Settings are explored on some seeds and confirmed on fresh ones that informed no choice; only the
 confirmation seeds decide a claim. A comparison's verdict is the 95% interval of the paired difference
 of its two rows: reproduced above zero, level across it, not reproduced below (the confirmation report
-gives each). A paper claim (the comparisons its study file lists under one `paper` text) is reproduced
-only if every comparison it needs is; the table counts paper claims and names the failed ones, the
-comparisons' own count following as the detail. Each comparison is counted once: a claim whose
-comparisons all have the figures of ones counted in an earlier row (the same rows, bit for bit) is not
-counted again. A claim that its study file (or the study it confirms) did not yet declare at the earliest
-commit its runs recorded is marked **declared after its runs**, with the time of the commit that first
-declared it. "(read test)": that regime check read the test split, as checks did before it read
-validation only.
+gives each). Reports made since #55 take Student's t over the seeds for every claim on two seeds or more
+and publish their per-client values (`STUDY.clients.json`, recomputed by `python -m
+fedmerge.study.recompute STUDY.json`); earlier ones took the two-level bootstrap where each seed had 10
+clients or more, a median 0.74x as wide on 5 seeds (the guide's "The interval rule",
+[../guide/studies.md](../guide/studies.md)). A paper claim (the comparisons its study file lists under
+one `paper` text) is reproduced only if every comparison it needs is; the table counts paper claims and
+names the failed ones, the comparisons' own count following as the detail. Each comparison is counted
+once: a claim whose comparisons all have the figures of ones counted in an earlier row (the same rows,
+bit for bit) is not counted again. A claim that its study file (or the study it confirms) did not yet
+declare at the earliest commit its runs recorded is marked **declared after its runs**, with the time of
+the commit that first declared it. "(read test)": that regime check read the test split, as checks did
+before it read validation only.
 """
 
 README_PROTOCOL = """A paper table's verdicts can be **evidence** only where its study keeps the regime on every seed
