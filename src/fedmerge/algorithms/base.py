@@ -19,7 +19,7 @@ from fedmerge.core.algorithm import (
 from fedmerge.core.model_state import copy_state, load_state
 from fedmerge.core.params import weighted_average
 from fedmerge.core.seeding import NO_ROUND, torch_generator
-from fedmerge.core.training import ExtraLoss, LocalTraining, StepHook, TrainStats, local_sgd, mean_loss
+from fedmerge.core.training import ExtraLoss, LocalTraining, Proximal, StepHook, TrainStats, local_sgd, mean_loss
 from fedmerge.core.types import ClientState, Payload, ServerState, Update
 
 from ._features import take_prefix, with_prefix
@@ -57,9 +57,10 @@ def client_sgd(ctx: ClientContext, data: ClientDataLike, cfg: LocalTraining, **o
     """The client's training step on its own data: [`local_sgd()`][fedmerge.core.training.local_sgd] on ``ctx.model``
     and the client's training split, drawing batches from the round's ``"train"`` generator.
 
-    ``options`` are ``local_sgd``'s keywords (``params``, ``extra_loss``, ``before_step``, ``before_forward``,
-    ``forward``, ``optimizer``, ``private``); nothing is added to them, so DP-SGD runs only where the caller
-    passes ``private=ctx.private``. The personal-model methods (APFL, Ditto, pFedMe, SuPerFed) train through it.
+    ``options`` are ``local_sgd``'s keywords (``params``, ``extra_loss``, ``proximal``, ``before_step``,
+    ``before_forward``, ``forward``, ``optimizer``, ``private``); nothing is added to them, so DP-SGD runs only
+    where the caller passes ``private=ctx.private``. The personal-model methods (APFL, Ditto, pFedMe, SuPerFed)
+    train through it.
     """
     return local_sgd(ctx.model, data.x_train, data.y_train, cfg, ctx.generator("train"), **options)
 
@@ -72,6 +73,7 @@ def train_received(
     extra_loss: ExtraLoss | None = None,
     before_step: StepHook | None = None,
     after_step: StepHook | None = None,
+    proximal: Proximal | None = None,
 ) -> dict[str, Any]:
     """Load the received weights into ``ctx.model``, train locally, and return the update's meta.
 
@@ -85,7 +87,8 @@ def train_received(
     received = gap_loss(ctx.model, xg, yg)
     stats = local_sgd(
         ctx.model, data.x_train, data.y_train, cfg, ctx.generator("train"),
-        extra_loss=extra_loss, before_step=before_step, after_step=after_step, private=ctx.private,
+        extra_loss=extra_loss, proximal=proximal, before_step=before_step, after_step=after_step,
+        private=ctx.private,
     )  # fmt: skip
     return {
         "num_examples": int(data.y_train.shape[0]),
@@ -141,13 +144,20 @@ class GlobalModelAlgorithm(Algorithm):
         return state.tensors
 
     def extra_loss(self, payload: Payload, ctx: ClientContext) -> ExtraLoss | None:
-        """Hook for methods that only add a loss term (FedProx)."""
+        """Hook for methods that only add a loss term."""
+        return None
+
+    def proximal(self, payload: Payload, ctx: ClientContext) -> Proximal | None:
+        """Hook for methods that only add a proximal term (FedProx)."""
         return None
 
     def client_update(
         self, payload: Payload, data: ClientDataLike, state: ClientState, ctx: ClientContext
     ) -> tuple[Update, ClientState]:
-        meta = train_received(payload.tensors, data, self.config, ctx, self.extra_loss(payload, ctx))
+        meta = train_received(
+            payload.tensors, data, self.config, ctx, self.extra_loss(payload, ctx),
+            proximal=self.proximal(payload, ctx),
+        )  # fmt: skip
         return Update(model_weights(ctx), meta), state
 
     def personalize(self, payload: Payload, data: ClientDataLike, state: ClientState, ctx: ClientContext) -> StateDict:

@@ -4,7 +4,8 @@ Per minibatch (reference ``litian96/ditto`` @26d9b29): a personal step
 ``v <- v - personal_lr * (grad f(v) + lam * (v - w^t))`` with the anchor w^t = the global model
 received this round, and a plain SGD step on the global copy w, on the same batch. Both are one
 ``local_sgd`` call: w is ``ctx.model`` (the task loss), v a second model run through
-``functional_call`` whose loss CE(v) + lam/2 ||v - w^t||^2 on the step's batch is the ``extra_loss``;
+``functional_call`` whose loss CE(v) + lam/2 ||v - w^t||^2 on the step's batch is the ``extra_loss`` and
+the ``proximal`` term;
 the two losses have disjoint parameters, so the joint step is exactly the two separate steps. w's
 trajectory is FedAvg's, bit for bit.
 
@@ -26,10 +27,10 @@ from pydantic import Field, model_validator
 from torch.nn import functional as F
 
 from fedmerge.core.algorithm import ALGORITHMS, AlgorithmConfig, ClientContext, ClientDataLike, StateDict
-from fedmerge.core.training import Step
+from fedmerge.core.training import Proximal, Step
 from fedmerge.core.types import ClientState, Payload, ServerState, Update
 
-from ._personal import GapProbe, SecondModel, Weighting, average_updates, half_sq_dist
+from ._personal import GapProbe, SecondModel, Weighting, average_updates
 from .base import GlobalModelAlgorithm, adapted_state, client_sgd, load_weights, model_weights
 
 
@@ -76,9 +77,8 @@ class Ditto(GlobalModelAlgorithm):
         v = SecondModel(state.tensors, ctx.model, ctx.device)
         anchor = {k: payload.tensors[k].detach() for k in v.params}
 
-        def personal_loss(step: Step) -> torch.Tensor:  # v's objective on this step's batch
-            loss = F.cross_entropy(v(ctx.model, step.x), step.y)
-            return loss + half_sq_dist(v.params, anchor, cfg.lam) if cfg.lam > 0 else loss
+        def personal_loss(step: Step) -> torch.Tensor:  # v's objective on this step's batch, less its pull
+            return F.cross_entropy(v(ctx.model, step.x), step.y)
 
         plr = cfg.personal_lr or cfg.lr
         if cfg.prox_step == "implicit":
@@ -93,6 +93,7 @@ class Ditto(GlobalModelAlgorithm):
             data,
             cfg,
             extra_loss=personal_loss,
+            proximal=Proximal(cfg.lam, anchor, v.params) if cfg.lam > 0 else None,
             optimizer=opt,
             private=ctx.private,  # DP-SGD on w (sent); v never leaves the client
         )

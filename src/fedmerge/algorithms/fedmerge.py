@@ -89,7 +89,7 @@ from fedmerge.core.algorithm import (
     with_epochs,
 )
 from fedmerge.core.seeding import NO_ROUND, torch_generator
-from fedmerge.core.training import ExtraLoss, local_sgd
+from fedmerge.core.training import Proximal, local_sgd
 from fedmerge.core.types import ClientState, Payload, ServerState, Update
 
 from . import merging
@@ -100,7 +100,6 @@ from .fedmerge_config import FORMER_PRESET_VALUES as FORMER_PRESET_VALUES
 from .fedmerge_config import PRESET_UNLESS_WRITTEN as PRESET_UNLESS_WRITTEN
 from .fedmerge_config import PRESETS as PRESETS
 from .fedmerge_config import FedMergeConfig
-from .fedprox import proximal_term
 
 
 @ALGORITHMS.register(
@@ -241,18 +240,18 @@ class FedMerge(Algorithm):
         return {"merge_weights": [[round(float(v), 6) for v in row] for row in w]}
 
     # --- client ------------------------------------------------------------------------
-    def _prox(self, payload: Payload, ctx: ClientContext) -> ExtraLoss | None:
+    def _prox(self, payload: Payload, ctx: ClientContext) -> Proximal | None:
         cfg = self.config
         if cfg.prox_mu == 0:
             return None
         anchor = {k: v.to(ctx.device) for k, v in payload.tensors.items()}
-        # proximal_term computes mu/2 * ||.||^2; the reference's term has no 1/2.
-        return proximal_term(2 * cfg.prox_mu if cfg.prox_form == "reference" else cfg.prox_mu, anchor)
+        # Proximal is mu/2 * ||.||^2; the reference's term has no 1/2.
+        return Proximal(2 * cfg.prox_mu if cfg.prox_form == "reference" else cfg.prox_mu, anchor)
 
     def client_update(
         self, payload: Payload, data: ClientDataLike, state: ClientState, ctx: ClientContext
     ) -> tuple[Update, ClientState]:
-        meta = train_received(payload.tensors, data, self.config, ctx, self._prox(payload, ctx))
+        meta = train_received(payload.tensors, data, self.config, ctx, proximal=self._prox(payload, ctx))
         after = ctx.model.state_dict()
         delta = {k: after[k].detach() - v for k, v in payload.tensors.items()}
         return Update(delta, meta), state

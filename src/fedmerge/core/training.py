@@ -1,6 +1,7 @@
 """The one local-training routine every algorithm reuses, plus batched prediction.
 
-Methods that differ only by a loss term (FedProx, Ditto, SuPerFed...) pass ``extra_loss``;
+Methods that differ only by a loss term (Ditto's personal loss, SuPerFed...) pass ``extra_loss``; a proximal pull
+towards an anchor (FedProx, FedMerge, Ditto's personal model) is a [`Proximal`][fedmerge.core.training.Proximal];
 methods that alter gradients before the step (SCAFFOLD) pass ``before_step``; methods that do
 work on the minibatch before the forward pass (pFedMe's inner solve) pass ``before_forward``;
 DP-SGD (per-sample clipping and Gaussian noise, `privacy`) is ``private``.
@@ -10,7 +11,7 @@ Every hook receives the [`Step`][fedmerge.core.training.Step] in progress: the m
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
@@ -71,6 +72,47 @@ BatchLoss = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 ModelLoss = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
+class Proximal:
+    """The term ``(mu / 2) * sum_k ||w_k - anchor_k||^2`` of a local loss: FedProx's and FedMerge's pull towards
+    the received model, Ditto's of its personal model towards the global one. ``params``: the tensors ``w``
+    by name (default: the trained model's parameters that require a gradient); ``anchor`` holds one tensor
+    per name.
+
+    Its gradient ``mu (w - anchor)`` is added to the parameters' gradients after the backward pass instead of
+    going through autograd: at batch 10 that graph (a difference, a square, a sum per tensor) cost more than
+    half of a step of the default CNN; three in-place passes cost a tenth. The floats are autograd's: it forms
+    ``float(mu / 2) * (2 (w - anchor))`` in the parameter's dtype, one rounding of the same product as
+    ``2 float(mu / 2) * (w - anchor)``, and sums it with the task loss's gradient in one addition. The term's
+    value is not computed: no method logs it (the training loss is the task loss).
+    """
+
+    def __init__(self, mu: float, anchor: Mapping[str, torch.Tensor], params: Mapping[str, torch.Tensor] | None = None):
+        self.mu = mu
+        self.anchor = anchor
+        self.params = params
+        self._scratch: dict[str, torch.Tensor] = {}  # one buffer per tensor, reused across steps
+        self._coeff: dict[torch.dtype, float] = {}
+
+    @torch.no_grad()
+    def add_gradient(self, model: nn.Module) -> None:
+        params = self.params if self.params is not None else dict(model.named_parameters())
+        for name, p in params.items():
+            if not p.requires_grad:
+                continue
+            coeff = self._coeff.get(p.dtype)
+            if coeff is None:  # autograd's rounding of mu / 2, doubled (exact)
+                coeff = self._coeff[p.dtype] = 2 * torch.tensor(0.5 * self.mu, dtype=p.dtype).item()
+            pull = self._scratch.get(name)
+            if pull is None or pull.shape != p.shape or pull.dtype != p.dtype or pull.device != p.device:
+                pull = self._scratch[name] = torch.empty_like(p, memory_format=torch.contiguous_format)
+            torch.sub(p, self.anchor[name], out=pull)
+            pull.mul_(coeff)
+            if p.grad is None:
+                p.grad = pull.clone()
+            else:
+                p.grad.add_(pull)
+
+
 def batch_slices(n: int, batch_size: int) -> list[slice]:
     """Contiguous batch slices over a permutation; a trailing batch of 1 is merged into the
     previous one (BatchNorm cannot train on a single sample). A client with one training sample
@@ -125,6 +167,7 @@ def local_sgd(
     *,
     params: Iterable[nn.Parameter] | None = None,
     extra_loss: ExtraLoss | None = None,
+    proximal: Proximal | None = None,
     before_forward: StepHook | None = None,
     before_step: StepHook | None = None,
     after_step: StepHook | None = None,
@@ -146,17 +189,17 @@ def local_sgd(
     Without it the task loss is the model's own ``task_loss(output, x, y)`` when it has one (a model
     that is not a classifier, ``causal_lm_lora``), else the mean cross-entropy.
 
-    Hooks, each called with the [`Step`][fedmerge.core.training.Step] in progress, in this order: ``before_forward``
-    (the
-    batch is drawn, nothing computed yet), ``extra_loss`` (added to the task loss; ``step.logits``
-    is set), ``before_step`` (gradients are ready) and ``after_step`` (after the optimiser step,
-    gradients still in place: LIVAR's path-integral importance reads the step's change there).
+    Hooks, each called with the [`Step`][fedmerge.core.training.Step] in progress, in this order:
+    ``before_forward`` (the batch is drawn, nothing computed yet), ``extra_loss`` (added to the task loss;
+    ``step.logits`` is set), ``before_step`` (gradients are ready, ``proximal``'s included: it is added after
+    the backward pass) and ``after_step`` (after the optimiser step, gradients still in place: LIVAR's
+    path-integral importance reads the step's change there).
 
     ``private``: DP-SGD. The gradient of the task loss for the model's parameters the optimiser trains is
     `PrivateGradients.gradients()`' (per-sample clipped, noised); ``extra_loss``'s gradient is added
-    to it as it is (it must not read the training data through those parameters). Not with ``forward``,
-    ``loss_fn``, ``before_forward`` or a model with its own ``task_loss``, whose per-sample gradients this
-    routine cannot form.
+    to it as it is (it must not read the training data through those parameters), and ``proximal``'s after
+    it. Not with ``forward``, ``loss_fn``, ``before_forward`` or a model with its own ``task_loss``, whose
+    per-sample gradients this routine cannot form.
     """
     own_loss = hasattr(model, "task_loss")  # a model that scores itself (a causal LM)
     if private is not None and (forward is not None or loss_fn is not None or before_forward is not None or own_loss):
@@ -166,11 +209,11 @@ def local_sgd(
     if n == 0:
         return TrainStats(loss=float("nan"), steps=0, samples=0)
     if optimizer is not None:
-        return _train(model, x, y, cfg, generator, optimizer, extra_loss, before_forward, before_step, after_step,
-                      forward, loss_fn, private)  # fmt: skip
+        return _train(model, x, y, cfg, generator, optimizer, extra_loss, proximal, before_forward, before_step,
+                      after_step, forward, loss_fn, private)  # fmt: skip
     with fresh_sgd(model, params, cfg) as sgd:
-        return _train(model, x, y, cfg, generator, sgd, extra_loss, before_forward, before_step, after_step,
-                      forward, loss_fn, private)  # fmt: skip
+        return _train(model, x, y, cfg, generator, sgd, extra_loss, proximal, before_forward, before_step,
+                      after_step, forward, loss_fn, private)  # fmt: skip
 
 
 def _train(
@@ -181,6 +224,7 @@ def _train(
     generator: torch.Generator,
     optimizer: torch.optim.Optimizer,
     extra_loss: ExtraLoss | None,
+    proximal: Proximal | None,
     before_forward: StepHook | None,
     before_step: StepHook | None,
     after_step: StepHook | None,
@@ -221,6 +265,8 @@ def _train(
                 task_loss = F.cross_entropy(step.logits, step.y)
             loss = task_loss if extra_loss is None else task_loss + extra_loss(step)
             loss.backward()
+        if proximal is not None:
+            proximal.add_gradient(model)
         if before_step is not None:
             before_step(step)
         optimizer.step()
