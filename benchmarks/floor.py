@@ -56,6 +56,7 @@ from fedmerge.config.schema import load_config
 from fedmerge.core.seeding import torch_generator
 from fedmerge.engines.device import resolve_device
 from fedmerge.engines.local import LocalEngine
+from fedmerge.engines.memory import keep_freed_memory
 from fedmerge.engines.workers import resolve_workers, set_threads
 from fedmerge.run.data_plan import plan_data
 from fedmerge.run.results import RunStore
@@ -334,6 +335,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     cfg = load_config(None, [*base, *METHODS["fedavg"].overrides])
     device = resolve_device(cfg.device)
     set_threads(cfg.threads)  # before any torch work: forked processes must not inherit a thread pool in use
+    if cfg.keep_freed_memory:  # the allocator the runs have (they set it on start): the first rates too
+        keep_freed_memory()
     planned = plan_data(cfg, device=torch.device("cpu"))  # on the CPU: each measurement moves what it times
     data = planned.data
     clients = data.clients

@@ -10,6 +10,7 @@ import textwrap
 import pytest
 from helpers import QUICK, assert_runs_identical, quick_config, run
 
+import fedmerge.engines.memory as memory
 import fedmerge.run.execute as execute
 
 glibc = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc settings (Linux)")
@@ -29,28 +30,44 @@ ROUND = textwrap.dedent(
 
     libc = ctypes.CDLL("libc.so.6")
     libc.mallinfo2.restype = MallInfo2
+    import fedmerge.engines.memory as memory
     if sys.argv[1] == "keep":
         assert keep_freed_memory()
-    weights = torch.randn(1500, 1000)  # 6 MB (a TwoCNN has 6.6 MB)
-    updates = [weights.clone() for _ in range(20)]
-    del updates
-    print(libc.mallinfo2().fordblks)
+    if sys.argv[2] == "round":
+        weights = torch.randn(1500, 1000)  # 6 MB (a TwoCNN has 6.6 MB)
+        updates = [weights.clone() for _ in range(20)]
+        del updates
+    else:  # one evaluation batch's activations: the CNN's first convolution over 1024 rows, 103 MB
+        activations = torch.ones(1024, 32, 28, 28)
+        del activations
+    print(libc.mallinfo2().fordblks, memory.mmap_threshold)
     """
 )
 UPDATES = 20 * 1500 * 1000 * 4
+ACTIVATIONS = 1024 * 32 * 28 * 28 * 4
 
 
-def held_after_round(mode: str) -> int:
-    out = subprocess.run([sys.executable, "-c", ROUND, mode], capture_output=True, text=True, check=True)
-    return int(out.stdout)
+def held_after(mode: str, work: str = "round") -> int:
+    out = subprocess.run([sys.executable, "-c", ROUND, mode, work], capture_output=True, text=True, check=True)
+    held, threshold = out.stdout.split()
+    if mode == "keep" and int(threshold) != memory.MMAP_THRESHOLD:
+        pytest.skip(f"this glibc refuses an mmap threshold of {memory.MMAP_THRESHOLD} bytes (took {threshold})")
+    return int(held)
 
 
 @glibc
 def test_memory_freed_by_a_round_stays_for_the_next_one():
-    assert held_after_round("keep") >= UPDATES
+    assert held_after("keep") >= UPDATES
     # glibc's default gives it back to the system (munmap, or trimming the heap); the next round's
     # updates then start on fresh pages, and each first touch of a page is a page fault
-    assert held_after_round("default") < UPDATES // 2
+    assert held_after("default") < UPDATES // 2
+
+
+@glibc
+def test_an_evaluation_batchs_activations_stay_for_the_next_batch():
+    # above glibc's largest default threshold (32 MiB): without the setting, every batch mmaps and zero-fills it
+    assert held_after("keep", "activations") >= ACTIVATIONS
+    assert held_after("default", "activations") < ACTIVATIONS // 2
 
 
 def test_a_run_keeps_freed_memory_unless_told_not_to(tmp_path, monkeypatch):
