@@ -54,6 +54,7 @@ from workers_sweep import SETTING  # the PFLlib-sized setting (issue 56's compar
 
 from fedmerge.config.schema import load_config
 from fedmerge.core.seeding import torch_generator
+from fedmerge.core.training import planned_steps
 from fedmerge.engines.device import resolve_device
 from fedmerge.engines.local import LocalEngine
 from fedmerge.engines.memory import keep_freed_memory
@@ -72,12 +73,13 @@ class Method:
     pooled_test: bool  # a global model tested on the pooled test rows (FedMerge has none)
     evaluates_global: bool  # every client is evaluated with the global model: the pooled test is its test pass
     server_models: int  # model-sized vectors the server reads besides the round's updates (FedMerge: its d models)
+    pull: str | None = None  # the option whose coefficient, when above 0, adds a proximal pull to every step
 
 
 METHODS = {
     "fedavg": Method(["algorithm.name=fedavg"], 1, True, True, 0),
-    "ditto": Method(["algorithm.name=ditto"], 2, True, False, 0),
-    "fedmerge": Method(["algorithm.name=fedmerge"], 1, False, False, 5),  # num_models' default
+    "ditto": Method(["algorithm.name=ditto"], 2, True, False, 0, "lam"),  # its personal model's pull
+    "fedmerge": Method(["algorithm.name=fedmerge"], 1, False, False, 5, "prox_mu"),  # num_models' default
 }
 
 
@@ -85,36 +87,50 @@ METHODS = {
 @dataclass(frozen=True)
 class Work:
     """A round's arithmetic: training samples (each a forward + backward of one model), rows evaluated (each a
-    forward pass), and the values the server step reads (each once)."""
+    forward pass), the values the server step reads (each once), and the parameters a proximal pull moves
+    (each step, each a pass reading the weight, its anchor and its gradient and writing the gradient)."""
 
     train_samples: float
     eval_rows: float
     server_values: float
+    pull_values: float = 0.0
 
 
 @dataclass(frozen=True)
 class Rates:
-    """Attainable throughput: per process while ``processes`` run at once (samples/s), and the server's (values/s)."""
+    """Attainable throughput: per process while ``processes`` run at once (training samples/s, forward rows/s,
+    proximal-pull values/s), and the server's (values/s)."""
 
     train: float
     forward: float
     read: float
     processes: int
+    pull: float = float("inf")
 
 
 def floor_seconds(work: Work, rates: Rates) -> dict[str, float]:
     """The round's floor in seconds, by part: the clients' work spread evenly over the processes at their rate."""
     train = work.train_samples / (rates.train * rates.processes)
+    pull = work.pull_values / (rates.pull * rates.processes)
     evaluation = work.eval_rows / (rates.forward * rates.processes)
     server = work.server_values / rates.read
-    return {"train": train, "server": server, "eval": evaluation, "round": train + server + evaluation}
+    return {
+        "train": train,
+        "pull": pull,
+        "server": server,
+        "eval": evaluation,
+        "round": train + pull + server + evaluation,
+    }
 
 
-def round_work(method: Method, train: list[int], val: list[int], test: list[int], epochs: int, params: int) -> Work:
-    """The work of one round of ``method`` with every client taking part and evaluated (row counts per client)."""
+def round_work(
+    method: Method, train: list[int], val: list[int], test: list[int], epochs: int, params: int, pulled: float = 0.0
+) -> Work:
+    """The work of one round of ``method`` with every client taking part and evaluated (row counts per client);
+    ``pulled``: the values a proximal pull moves in the round (its steps x the model's weights; 0: none)."""
     eval_rows = sum(val) + sum(test) + (sum(test) if method.pooled_test and not method.evaluates_global else 0)
     server = (len(train) + method.server_models) * params
-    return Work(float(sum(train) * epochs * method.models_trained), float(eval_rows), float(server))
+    return Work(float(sum(train) * epochs * method.models_trained), float(eval_rows), float(server), float(pulled))
 
 
 # --- throughput ---------------------------------------------------------------------------------------
@@ -151,8 +167,10 @@ def model_rates(
     device: torch.device,
     barrier: Any = None,
 ) -> tuple[float, float]:
-    """(training samples/s, forward rows/s) of ``model`` on rows of ``x``; ``barrier``: wait for the other
-    processes before each phase, so that they run at once."""
+    """(training samples/s, forward rows/s, proximal-pull values/s) of ``model`` on rows of ``x``; ``barrier``:
+    wait for the other processes before each phase, so that they run at once. The pull's rate is that of one
+    pass over the model's parameters reading a weight, its anchor and its gradient and writing the gradient
+    (``addcmul_``: the least memory traffic the pull's arithmetic needs)."""
     model = model.to(device)
     x, y = x.to(device), y.to(device)
     opt = torch.optim.SGD(model.parameters(), lr=1e-4)
@@ -182,7 +200,15 @@ def model_rates(
         barrier.wait()
     model.eval()
     fwd = _windows(forward, seconds, windows, device)
-    return train, fwd
+    flat = [torch.cat([p.detach().reshape(-1) for p in model.parameters()]) for _ in range(3)]
+
+    def pull() -> int:
+        flat[2].addcmul_(flat[0], flat[1])
+        return flat[2].numel()
+
+    if barrier is not None:
+        barrier.wait()
+    return train, fwd, _windows(pull, seconds, windows, device)
 
 
 def _worker(rates: Any, args: tuple, barrier: Any, threads: int | None) -> None:
@@ -220,12 +246,13 @@ def measure_rates(
             p.join()
     read = read_rate(params, updates, device, seconds, windows)
     rates = Rates(
-        train=statistics.mean(t for t, _ in per),
-        forward=statistics.mean(f for _, f in per),
+        train=statistics.mean(t for t, _, _ in per),
+        forward=statistics.mean(f for _, f, _ in per),
         read=read,
         processes=processes,
+        pull=statistics.mean(u for _, _, u in per),
     )
-    return rates, {"per_process": [{"train": t, "forward": f} for t, f in per]}
+    return rates, {"per_process": [{"train": t, "forward": f, "pull": u} for t, f, u in per]}
 
 
 def read_rate(params: int, updates: int, device: torch.device, seconds: float, windows: int) -> float:
@@ -347,6 +374,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         return planned.build_model(torch_generator(cfg.seed))
 
     params = sum(p.numel() for p in build().state_dict().values())
+    weights = sum(p.numel() for p in build().parameters())  # what a proximal pull moves
     x = torch.cat([c.x_train for c in clients])
     y = torch.cat([c.y_train for c in clients])
 
@@ -359,7 +387,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     def throughput(when: str, r: Rates) -> str:
         return (
             f"throughput {when}, {processes} process(es) at once: training {r.train:.0f} samples/s per process, "
-            f"forward {r.forward:.0f} rows/s per process; server reads {r.read / 1e9:.2f} G values/s"
+            f"forward {r.forward:.0f} rows/s per process, proximal pull {r.pull / 1e9:.2f} G values/s per process; "
+            f"server reads {r.read / 1e9:.2f} G values/s"
         )
 
     rates, detail = rates_now()
@@ -389,7 +418,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             algo = load_config(None, [*base, *method.overrides]).algorithm
             if method.server_models:  # FedMerge's d models, as configured
                 method = replace(method, server_models=int(getattr(algo, "num_models", method.server_models)))
-            work = round_work(method, train_n, val_n, test_n, algo.local_epochs, params)
+            pulled = method.pull is not None and float(getattr(algo, method.pull)) > 0
+            steps = sum(planned_steps(n, algo) for n in train_n) if pulled else 0
+            work = round_work(method, train_n, val_n, test_n, algo.local_epochs, params, steps * weights)
             run = timed_run([*base, *method.overrides], Path(tmp) / name)
             # the rates on either side of the run, averaged: a machine whose load drifts moves both alike
             after, _ = rates_now()
@@ -399,7 +430,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             ratios = {
                 "round": run["round"] / floor["round"],
                 "eval": run["eval"] / floor["eval"],
-                "fit": run["fit"] / (floor["train"] + floor["server"]),
+                "fit": run["fit"] / (floor["train"] + floor["pull"] + floor["server"]),
             }
             print(throughput(f"after {name}", after))
             report["methods"][name] = {
@@ -414,7 +445,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 f"{name:<9} round {run['round']:.3f} s (fit {run['fit']:.3f} = clients {run['clients_fit']:.3f} + "
                 f"server {run['server']:.3f}; eval {run['eval']:.3f} = clients {run['eval_clients']:.3f} + global "
                 f"{run['eval_global']:.3f}; {run['workers']} worker process(es)); floor {floor['round']:.3f} s "
-                f"(train {floor['train']:.3f}, server {floor['server']:.4f}, eval {floor['eval']:.3f})"
+                f"(train {floor['train']:.3f}, pull {floor['pull']:.3f}, server {floor['server']:.4f}, eval "
+                f"{floor['eval']:.3f})"
             )
             print(
                 f"{name:<9} round/floor: {ratios['round']:.2f}x   eval/floor: {ratios['eval']:.2f}x   "

@@ -26,6 +26,15 @@ def test_floor_seconds_by_hand() -> None:
     assert got["server"] == pytest.approx(server)
     assert got["round"] == pytest.approx(train + evaluation + server)  # 10.987 s
     assert got["round"] == pytest.approx(10.98713, abs=1e-4)
+    assert got["pull"] == 0  # no proximal pull
+
+
+def test_a_proximal_pull_is_one_pass_per_step() -> None:
+    # 5,250 steps of 1.66M weights at 0.4e9 values/s per process on 2 processes
+    work = floor.Work(train_samples=52_500, eval_rows=0, server_values=0, pull_values=5_250 * 1_660_000)
+    got = floor.floor_seconds(work, floor.Rates(train=2_900, forward=1, read=1e9, processes=2, pull=0.4e9))
+    assert got["pull"] == pytest.approx(5_250 * 1_660_000 / 0.8e9)  # 10.894 s
+    assert got["round"] == pytest.approx(52_500 / 5_800 + 10.89375)
 
 
 def test_round_work_counts_each_method() -> None:
@@ -36,8 +45,9 @@ def test_round_work_counts_each_method() -> None:
     ditto = floor.round_work(floor.METHODS["ditto"], train, val, test, epochs=1, params=1000)
     assert (ditto.train_samples, ditto.eval_rows, ditto.server_values) == (800, 160, 2000)
     # FedMerge has no global model (no pooled test); its server also reads its d models
-    fedmerge = floor.round_work(floor.METHODS["fedmerge"], train, val, test, epochs=1, params=1000)
+    fedmerge = floor.round_work(floor.METHODS["fedmerge"], train, val, test, epochs=1, params=1000, pulled=40 * 900)
     assert (fedmerge.train_samples, fedmerge.eval_rows, fedmerge.server_values) == (400, 100, 7000)
+    assert fedmerge.pull_values == 36_000 and fedavg.pull_values == 0
 
 
 @pytest.mark.slow
@@ -48,6 +58,10 @@ def test_smoke_writes_every_figure(tmp_path: Path, capsys: pytest.CaptureFixture
     printed = capsys.readouterr().out
     assert set(report["methods"]) == {"fedavg", "ditto", "fedmerge"}
     assert report["rates"]["train"] > 0 and report["rates"]["forward"] > 0 and report["rates"]["read"] > 0
+    assert report["rates"]["pull"] > 0
+    # FedMerge (prox_mu 0.01) and Ditto (lam 1) pull their models on every step; FedAvg does not
+    assert report["methods"]["fedavg"]["work"]["pull_values"] == 0
+    assert report["methods"]["fedmerge"]["work"]["pull_values"] > 0 and report["methods"]["ditto"]["floor"]["pull"] > 0
     assert len(report["per_process"]) == report["processes"]
     for name, figures in report["methods"].items():
         assert figures["floor"]["round"] > 0 and figures["run"]["round"] > 0
