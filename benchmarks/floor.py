@@ -63,6 +63,7 @@ from fedmerge.run.data_plan import plan_data
 from fedmerge.run.results import RunStore
 from fedmerge.run.runner import run_experiment
 
+PULL_CACHE_BYTES = 256 * 1024 * 1024  # the pull's rate is measured over this much memory, cycled
 SMOKE = ["dataset.max_samples=400", "partition.num_clients=4", "model.hidden=32"]
 
 
@@ -170,7 +171,7 @@ def model_rates(
     """(training samples/s, forward rows/s, proximal-pull values/s) of ``model`` on rows of ``x``; ``barrier``:
     wait for the other processes before each phase, so that they run at once. The pull's rate is that of one
     pass over the model's parameters reading a weight, its anchor and its gradient and writing the gradient
-    (``addcmul_``: the least memory traffic the pull's arithmetic needs)."""
+    (``addcmul_``: the least memory traffic the pull's arithmetic needs), over vectors not in cache."""
     model = model.to(device)
     x, y = x.to(device), y.to(device)
     opt = torch.optim.SGD(model.parameters(), lr=1e-4)
@@ -200,11 +201,17 @@ def model_rates(
         barrier.wait()
     model.eval()
     fwd = _windows(forward, seconds, windows, device)
-    flat = [torch.cat([p.detach().reshape(-1) for p in model.parameters()]) for _ in range(3)]
+    weights = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    # as in a training step, whose forward and backward pass between two pulls: the vectors not in cache
+    # (sets of three, cycled, more than a large last-level cache holds)
+    sets = [[weights.clone() for _ in range(3)] for _ in range(max(2, -(-PULL_CACHE_BYTES // (12 * weights.numel()))))]
+    turn = {"i": 0}
 
     def pull() -> int:
-        flat[2].addcmul_(flat[0], flat[1])
-        return flat[2].numel()
+        w, anchor, grad = sets[turn["i"] % len(sets)]
+        turn["i"] += 1
+        grad.addcmul_(w, anchor)
+        return grad.numel()
 
     if barrier is not None:
         barrier.wait()
