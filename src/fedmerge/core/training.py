@@ -79,8 +79,8 @@ class Proximal:
     per name.
 
     Its gradient ``mu (w - anchor)`` is added to the parameters' gradients after the backward pass instead of
-    going through autograd: at batch 10 that graph (a difference, a square, a sum per tensor) cost more than
-    half of a step of the default CNN; three in-place passes cost a tenth. The floats are autograd's: it forms
+    going through autograd: at batch 10 that graph (a difference, a square, a sum per tensor) cost two thirds
+    of a step of the default CNN more; three in-place passes cost an eighth. The floats are autograd's: it forms
     ``float(mu / 2) * (2 (w - anchor))`` in the parameter's dtype, one rounding of the same product as
     ``2 float(mu / 2) * (w - anchor)``, and sums it with the task loss's gradient in one addition. The term's
     value is not computed: no method logs it (the training loss is the task loss).
