@@ -1,5 +1,6 @@
 """`Proximal` adds the gradient of (mu/2) ||w - anchor||^2 after the backward pass: the same floats, bit for bit,
-as building the term through autograd (the way FedProx, FedMerge and Ditto computed it before issue 56)."""
+as building the term through autograd (the way FedProx, FedMerge and Ditto computed it before issue 56), both
+through numba's one-pass kernel and through the three PyTorch ops it falls back to."""
 
 from __future__ import annotations
 
@@ -8,7 +9,26 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from fedmerge.core import pull_kernel
 from fedmerge.core.training import LocalTraining, Proximal, local_sgd
+
+HAS_NUMBA = pull_kernel._compiled() is not None
+
+
+@pytest.fixture(params=["kernel", "torch-ops"])
+def both_paths(request, monkeypatch):
+    """A test on both paths; the kernel's only where numba is installed (CI installs it)."""
+    if request.param == "kernel" and not HAS_NUMBA:
+        pytest.skip("numba is not installed")
+    if request.param == "torch-ops":
+        monkeypatch.setattr(pull_kernel, "_compiled", lambda: None)
+    calls = []
+    if request.param == "kernel":  # count the kernel's calls: a test on this path must go through it
+        real = pull_kernel.add_pull
+        monkeypatch.setattr("fedmerge.core.training.add_pull", lambda *a: calls.append(1) or real(*a))
+    yield request.param
+    if request.param == "kernel":
+        assert calls, "the kernel path never ran the kernel"
 
 
 def autograd_term(mu: float, params: dict[str, torch.Tensor], anchor: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -21,6 +41,7 @@ def model(dtype: torch.dtype) -> nn.Module:
     return nn.Sequential(nn.Linear(7, 13), nn.Tanh(), nn.Linear(13, 3)).to(dtype)
 
 
+@pytest.mark.usefixtures("both_paths")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_the_gradient_is_autograds_bit_for_bit(dtype):
     gen = torch.Generator().manual_seed(1)
@@ -42,7 +63,7 @@ def test_the_gradient_is_autograds_bit_for_bit(dtype):
             assert torch.equal(p.grad, want[k]), f"mu={mu!r}, {k}: the gradient differs from autograd's"
 
 
-def test_a_parameter_without_a_task_gradient_gets_the_pull_alone():
+def test_a_parameter_without_a_task_gradient_gets_the_pull_alone():  # the PyTorch ops on either path
     net = model(torch.float32)
     anchor = {k: torch.zeros_like(p) for k, p in net.named_parameters()}
     params = dict(net.named_parameters())
@@ -67,6 +88,7 @@ def test_frozen_parameters_and_a_second_model_by_name():
     assert all(torch.equal(t.grad, 2 * t.detach()) for t in v.values())
 
 
+@pytest.mark.usefixtures("both_paths")
 def test_local_sgd_trains_the_same_weights_as_with_the_term_in_the_loss():
     gen = torch.Generator().manual_seed(2)
     x, y = torch.randn(40, 7, generator=gen), torch.randint(0, 3, (40,), generator=gen)
@@ -81,3 +103,48 @@ def test_local_sgd_trains_the_same_weights_as_with_the_term_in_the_loss():
     for (k, a), b in zip(before.named_parameters(), after.parameters()):
         assert not torch.equal(a, moved[k])
         assert torch.equal(a, b), f"{k}: local_sgd with Proximal trained other weights"
+
+
+def test_the_kernel_takes_cpu_contiguous_float_tensors_only():
+    if not HAS_NUMBA:
+        pytest.skip("numba is not installed")
+    w = torch.ones(4, 3)
+    assert pull_kernel.pull_kernel(w, w, w) is not None
+    assert pull_kernel.pull_kernel(w.half(), w.half(), w.half()) is None
+    assert pull_kernel.pull_kernel(w, w.t(), w.t()) is None  # not contiguous
+    assert pull_kernel.pull_kernel(w, w.double(), w) is None
+    g, a = torch.zeros(4, 3), torch.full((4, 3), 3.0)
+    pull_kernel.add_pull(pull_kernel.pull_kernel(g, w, a), g, w, a, 0.5)
+    assert torch.equal(g, torch.full((4, 3), -1.0))
+
+
+def test_without_a_writable_cache_the_kernel_compiles_in_memory(monkeypatch):
+    if not HAS_NUMBA:
+        pytest.skip("numba is not installed")
+    import numba
+
+    real = numba.njit
+
+    def no_cache(*args, cache=False, **kwargs):
+        if cache:  # what numba raises where neither the package's nor the user's cache folder is writable
+            raise RuntimeError("cannot cache function '_pull_loop': no locator available")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(numba, "njit", no_cache)
+    pull_kernel._compiled.cache_clear()
+    try:
+        w, g = torch.ones(3), torch.zeros(3)
+        kernel = pull_kernel.pull_kernel(g, w, w * 2)
+        pull_kernel.add_pull(kernel, g, w, w * 2, 4.0)
+        assert torch.equal(g, torch.full((3,), -4.0))
+    finally:
+        pull_kernel._compiled.cache_clear()
+
+
+def test_the_environment_switch_turns_the_kernel_off(monkeypatch):
+    monkeypatch.setenv(pull_kernel.DISABLE_ENV, "0")
+    pull_kernel._compiled.cache_clear()
+    try:
+        assert pull_kernel.pull_kernel(torch.ones(3), torch.ones(3), torch.ones(3)) is None
+    finally:
+        pull_kernel._compiled.cache_clear()
