@@ -6,9 +6,9 @@ product and the sum once, as one FMA, which changes the floats. A loop compiled 
 ``fastmath``, so LLVM does not contract the multiply and the add) rounds as the three ops do, in one pass.
 
 numba is a dependency; without it (an install that left it out), or for tensors it cannot take (not on
-the CPU, not contiguous, not float32/float64), :func:`pull_kernel` returns ``None`` and the caller keeps
-the three ops (on a GPU they are three kernels at its memory's speed). Compiled once per process on first
-use, cached on disk where numba can write.
+the CPU, not contiguous, not float32/float64), [`pull_kernel`][fedmerge.core.pull_kernel.pull_kernel]
+returns ``None`` and the caller keeps the three ops (on a GPU they are three kernels at its memory's
+speed). Compiled once per process on first use, cached on disk where numba can write.
 """
 
 from __future__ import annotations
@@ -58,7 +58,8 @@ def pull_kernel(*tensors: torch.Tensor) -> Kernel | None:
 
 
 def add_pull(kernel: Kernel, grad: torch.Tensor, weight: torch.Tensor, anchor: torch.Tensor, coeff: float) -> None:
-    """``grad += coeff * (weight - anchor)`` in place, through ``kernel`` (see :func:`pull_kernel`)."""
+    """``grad += coeff * (weight - anchor)`` in place, through ``kernel``
+    (see [`pull_kernel`][fedmerge.core.pull_kernel.pull_kernel])."""
     kernel(
         grad.detach().view(-1).numpy(),
         weight.detach().view(-1).numpy(),
